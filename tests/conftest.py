@@ -1,0 +1,85 @@
+"""Shared fixtures: composed configs, small real IDX data sets, a temporary MLflow store."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from trainer import data
+
+ROOT = Path(__file__).resolve().parents[1]
+MPIEXEC = shutil.which("mpiexec", path=os.path.dirname(sys.executable)) or shutil.which("mpiexec")
+
+
+def gpu_available() -> bool:
+    try:
+        import cupy
+
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:
+        return False
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    skip_gpu = pytest.mark.skip(reason="needs CuPy and a CUDA GPU: run `make test-gpu` on a GPU machine")
+    skip_mpi = pytest.mark.skip(reason="needs mpiexec: install the project's `mpich` extra")
+    has_gpu = gpu_available()
+    for item in items:
+        if "gpu" in item.keywords and not has_gpu:
+            item.add_marker(skip_gpu)
+        if "mpi" in item.keywords and MPIEXEC is None:
+            item.add_marker(skip_mpi)
+
+
+@pytest.fixture(params=["numpy", pytest.param("cupy", marks=pytest.mark.gpu)])
+def xp(request: pytest.FixtureRequest):
+    """The array module: every array test runs with NumPy and, on a GPU machine, with CuPy."""
+    if request.param == "numpy":
+        return np
+    import cupy
+
+    return cupy
+
+
+def write_idx_set(folder: Path, n_train: int, n_test: int, gz: bool = True) -> Path:
+    """Real handwritten digits (the embedded set) written as the four MNIST IDX files."""
+    ds = data.load_embedded_digits()
+    folder.mkdir(parents=True, exist_ok=True)
+    ext = ".gz" if gz else ""
+    side = data.SIDE
+    data.write_idx(folder / f"{data.FILES['train_images']}{ext}", ds.x_train[:n_train].reshape(-1, side, side))
+    data.write_idx(folder / f"{data.FILES['train_labels']}{ext}", ds.y_train[:n_train])
+    data.write_idx(folder / f"{data.FILES['test_images']}{ext}", ds.x_test[:n_test].reshape(-1, side, side))
+    data.write_idx(folder / f"{data.FILES['test_labels']}{ext}", ds.y_test[:n_test])
+    return folder
+
+
+@pytest.fixture
+def idx_dir(tmp_path: Path) -> Path:
+    return write_idx_set(tmp_path / "digits", n_train=60, n_test=30)
+
+
+@pytest.fixture
+def mlflow_uri(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A fresh SQLite MLflow store, also seen by child processes through the environment."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.setenv("SWEEPSCALE_CACHE", str(tmp_path / "cache"))
+    return uri
+
+
+def compose(overrides: list[str] | None = None):
+    """The trainer's config exactly as `python -m trainer overrides` would build it."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    from trainer.config import register
+
+    register()
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        return hydra_compose(config_name="trainer", overrides=overrides or [])

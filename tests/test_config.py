@@ -1,0 +1,62 @@
+"""Config composition and Hydra's own errors for unknown or ill-typed keys; our range errors."""
+
+from __future__ import annotations
+
+import pytest
+from hydra.errors import ConfigCompositionException
+
+from tests.conftest import compose
+from trainer.config import ConfigError, config_hash, validate
+
+
+def test_defaults_and_overrides():
+    cfg = compose(["hidden=1024", "lr=0.05", "data.n_train=38400", "dtype=float64"])
+    assert cfg.hidden == 1024 and cfg.lr == 0.05 and cfg.data.n_train == 38400
+    assert cfg.batch_size == 3200 and cfg.reg == 1e-4 and cfg.nproc == 1
+    assert cfg.dtype.value == "float64"
+
+
+def test_unknown_key_is_rejected_by_hydra():
+    with pytest.raises(ConfigCompositionException) as e:
+        compose(["hiden=3"])
+    assert "Key 'hiden' not in 'TrainerConfig'" in str(e.value.__cause__)
+
+
+def test_ill_typed_value_is_rejected_by_hydra():
+    with pytest.raises(ConfigCompositionException) as e:
+        compose(["lr=abc"])
+    assert "Value 'abc' of type 'str' could not be converted to Float" in str(e.value.__cause__)
+
+
+def test_unknown_dtype_is_rejected_by_hydra():
+    with pytest.raises(ConfigCompositionException) as e:
+        compose(["dtype=float16"])
+    assert "Invalid value 'float16', expected one of [float32, float64]" in str(e.value.__cause__)
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("hidden=0", "hidden=0: the hidden layer needs at least 1 unit"),
+        ("nproc=0", "nproc=0: at least one MPI rank is needed"),
+        ("lr=0", "lr=0.0: the learning rate must be a positive finite number"),
+        ("lr=-1", "lr=-1.0: the learning rate must be a positive finite number"),
+        ("lr=nan", "lr=nan: the learning rate must be a positive finite number"),
+        ("epochs=0", "epochs=0: train for at least one epoch"),
+        ("data.n_train=0", "data.n_train=0: take at least one sample"),
+    ],
+)
+def test_range_errors_name_the_key(override: str, message: str):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
+        validate(compose([override]))
+
+
+def test_batch_smaller_than_nproc():
+    with pytest.raises(ConfigError, match=r"batch_size=3 is smaller than nproc=4: .* raise batch_size or lower nproc"):
+        validate(compose(["batch_size=3", "nproc=4"]))
+
+
+def test_config_hash_ignores_where_it_is_recorded():
+    base = config_hash(compose([]))
+    assert config_hash(compose(["mlflow.run_name=x", "mlflow.experiment=y"])) == base
+    assert config_hash(compose(["nproc=2"])) != base

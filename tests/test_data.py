@@ -1,0 +1,92 @@
+"""IDX loading: real digits written as IDX files, and every bad file named in its error."""
+
+from __future__ import annotations
+
+import gzip
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.conftest import write_idx_set
+from trainer import data
+from trainer.config import ConfigError
+
+
+@pytest.mark.parametrize("gz", [True, False])
+def test_idx_round_trip_scaled_to_unit_interval(tmp_path: Path, gz: bool):
+    folder = write_idx_set(tmp_path, n_train=50, n_test=20, gz=gz)
+    ds = data.load(str(folder), None, None, "float64")
+    ref = data.load_embedded_digits()
+    assert ds.x_train.shape == (50, 784) and ds.x_test.shape == (20, 784)
+    assert ds.x_train.dtype == np.float64 and 0 <= ds.x_train.min() and ds.x_train.max() <= 1
+    np.testing.assert_array_equal(np.round(ds.x_train * 255).astype(np.uint8), ref.x_train[:50])
+    np.testing.assert_array_equal(ds.y_test, ref.y_test[:20])
+
+
+def test_first_n_samples(idx_dir: Path):
+    ds = data.load(str(idx_dir), 13, 0, "float32")
+    assert len(ds.y_train) == 13 and len(ds.y_test) == 0 and ds.x_train.dtype == np.float32
+
+
+def test_embedded_digits_are_real_mnist_shaped_digits():
+    ds = data.load_embedded_digits()
+    assert ds.x_train.shape == (1500, 784) and ds.x_test.shape == (297, 784)
+    assert set(np.unique(ds.y_train)) == set(range(10))
+    frame = ds.x_train.reshape(-1, 28, 28)
+    assert not frame[:, :4].any() and not frame[:, 24:].any()  # centred in a 20x20 box, as MNIST
+
+
+def test_missing_folder(tmp_path: Path):
+    with pytest.raises(ConfigError, match=r"data.dir=.*nope: no such folder; give the folder of the IDX files"):
+        data.load(str(tmp_path / "nope"), None, None, "float32")
+
+
+def test_missing_file(idx_dir: Path):
+    (idx_dir / "t10k-labels-idx1-ubyte.gz").unlink()
+    with pytest.raises(ConfigError, match=r"no file 't10k-labels-idx1-ubyte' or 't10k-labels-idx1-ubyte.gz' there"):
+        data.load(str(idx_dir), None, None, "float32")
+
+
+def test_wrong_magic(idx_dir: Path):
+    labels = idx_dir / "train-labels-idx1-ubyte.gz"
+    images = idx_dir / "train-images-idx3-ubyte.gz"
+    labels.write_bytes(images.read_bytes())  # images where labels belong
+    with pytest.raises(ConfigError, match=r"train-labels-idx1-ubyte.gz: wrong IDX magic number 0x00000803, expected 0x00000801"):
+        data.load(str(idx_dir), None, None, "float32")
+
+
+def test_truncated_file(idx_dir: Path):
+    path = idx_dir / "train-images-idx3-ubyte.gz"
+    raw = gzip.decompress(path.read_bytes())
+    path.write_bytes(gzip.compress(raw[:-100]))
+    with pytest.raises(ConfigError, match=r"train-images-idx3-ubyte.gz: truncated or padded: header says \(60, 28, 28\)"):
+        data.load(str(idx_dir), None, None, "float32")
+
+
+def test_corrupt_gzip(idx_dir: Path):
+    path = idx_dir / "train-images-idx3-ubyte.gz"
+    path.write_bytes(path.read_bytes()[:200])
+    with pytest.raises(ConfigError, match=r"train-images-idx3-ubyte.gz: cannot be read"):
+        data.load(str(idx_dir), None, None, "float32")
+
+
+def test_count_mismatch(tmp_path: Path):
+    folder = write_idx_set(tmp_path, n_train=40, n_test=10)
+    data.write_idx(folder / "train-labels-idx1-ubyte.gz", np.zeros(39, dtype=np.uint8))
+    with pytest.raises(ConfigError, match=r"holds 40 images but .*train-labels-idx1-ubyte.gz holds 39 labels"):
+        data.load(str(folder), None, None, "float32")
+
+
+def test_n_train_larger_than_data(idx_dir: Path):
+    with pytest.raises(ConfigError, match=r"data.n_train=61 is larger than the 60 samples in .*; set data.n_train<=60 or null"):
+        data.load(str(idx_dir), 61, None, "float32")
+
+
+def test_full_mnist_header_is_read_when_present():
+    """Not required by the suite: checks the shared copy's headers when this machine has it."""
+    folder = Path(__file__).resolve().parents[2] / "shared" / "data" / "mnist"
+    if not folder.is_dir():
+        pytest.skip(f"full MNIST not at {folder} (only the developers' machines have it)")
+    x = data.read_idx(folder / "t10k-labels-idx1-ubyte.gz", data.LABELS_MAGIC)
+    assert x.shape == (10000,)

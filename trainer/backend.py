@@ -1,0 +1,60 @@
+"""The array module a run computes with: NumPy on the CPU or CuPy on one GPU per rank."""
+
+from __future__ import annotations
+
+import platform
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from trainer.config import ConfigError, Device
+
+
+@dataclass
+class Backend:
+    xp: Any
+    kind: str  # "cpu" or "gpu"
+    device_name: str
+    versions: dict[str, str] = field(default_factory=dict)
+
+    def synchronize(self) -> None:
+        if self.kind == "gpu":
+            self.xp.cuda.get_current_stream().synchronize()
+
+    def to_host(self, a: Any) -> np.ndarray:
+        return a.get() if self.kind == "gpu" else np.asarray(a)
+
+
+def _gpu_count() -> int:
+    try:
+        import cupy
+
+        return cupy.cuda.runtime.getDeviceCount()
+    except Exception:  # no CuPy, no driver, or no device: all mean "no GPU here"
+        return 0
+
+
+def select(device: Device, local_rank: int) -> Backend:
+    """NumPy, or CuPy on GPU ``local_rank mod count`` (one GPU per rank on each node)."""
+    n_gpus = 0 if device == Device.cpu else _gpu_count()
+    if device == Device.gpu and n_gpus == 0:
+        raise ConfigError(
+            "device=gpu but no GPU is usable here (CuPy missing or no CUDA device): install the "
+            "`cuda12` or `cuda13` extra on a GPU machine, or set device=cpu (or auto)"
+        )
+    if n_gpus == 0:
+        return Backend(np, "cpu", platform.processor() or platform.machine(), {"numpy": np.__version__})
+    import cupy
+
+    dev = cupy.cuda.Device(local_rank % n_gpus)
+    dev.use()
+    props = cupy.cuda.runtime.getDeviceProperties(dev.id)
+    name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
+    versions = {
+        "numpy": np.__version__,
+        "cupy": cupy.__version__,
+        "cuda_runtime": str(cupy.cuda.runtime.runtimeGetVersion()),
+        "cuda_driver": str(cupy.cuda.runtime.driverGetVersion()),
+    }
+    return Backend(cupy, "gpu", name, versions)

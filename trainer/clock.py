@@ -1,0 +1,61 @@
+"""Per-phase timing of each batch that does not stall the device.
+
+On the GPU a CUDA event is recorded into the stream at every phase boundary and the events are
+read once per epoch, so timing adds no synchronisation to the step. On the CPU work is
+synchronous and ``time.perf_counter`` is exact.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+
+class PhaseClock:
+    def __init__(self, phases: tuple[str, ...], gpu: bool) -> None:
+        self.phases = phases
+        self.gpu = gpu
+        self.samples: dict[str, list[float]] = {p: [] for p in (*phases, "batch")}
+        self._batch: list[Any] = []
+        self._pending: list[list[Any]] = []
+        if gpu:
+            import cupy
+
+            self._cupy = cupy
+
+    def _now(self) -> Any:
+        if not self.gpu:
+            return time.perf_counter()
+        event = self._cupy.cuda.Event()
+        event.record()
+        return event
+
+    def start(self) -> None:
+        self._batch = [self._now()]
+
+    def mark(self) -> None:
+        """End the next phase (in the order of ``phases``)."""
+        self._batch.append(self._now())
+        if len(self._batch) == len(self.phases) + 1:
+            self._pending.append(self._batch)
+
+    def _ms(self, a: Any, b: Any) -> float:
+        if not self.gpu:
+            return (b - a) * 1e3
+        return self._cupy.cuda.get_elapsed_time(a, b)
+
+    def flush(self) -> None:
+        """Turn the marks recorded so far into durations (waits for the last event on the GPU)."""
+        if self._pending and self.gpu:
+            self._pending[-1][-1].synchronize()
+        for marks in self._pending:
+            for phase, a, b in zip(self.phases, marks, marks[1:]):
+                self.samples[phase].append(self._ms(a, b))
+            self.samples["batch"].append(self._ms(marks[0], marks[-1]))
+        self._pending = []
+
+    def medians(self) -> dict[str, float]:
+        self.flush()
+        return {p: float(np.median(v)) for p, v in self.samples.items() if v}

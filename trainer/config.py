@@ -1,0 +1,151 @@
+"""Typed schema of the trainer's configuration, registered in Hydra's ConfigStore.
+
+The values live in ``conf/trainer.yaml`` (and the sweeper's presets); the types live here, so
+Hydra itself rejects unknown keys (``Key 'hiden' not in 'TrainerConfig'``) and ill-typed values
+(``Value 'abc' of type 'str' could not be converted to Integer``). Range checks that a type
+cannot express are in :func:`validate`, which runs before any rank starts or any job is
+submitted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, OmegaConf
+
+
+class Device(str, Enum):
+    auto = "auto"
+    cpu = "cpu"
+    gpu = "gpu"
+
+
+class DType(str, Enum):
+    float32 = "float32"
+    float64 = "float64"
+
+
+@dataclass
+class DataConfig:
+    # Folder with the four IDX files (gzip or raw). None: the embedded handwritten digits.
+    dir: str | None = MISSING
+    # Take the first N samples (None: all). The seeds use n_train=38400.
+    n_train: int | None = MISSING
+    n_test: int | None = MISSING
+    # Batches are taken in order unless asked; the permutation of each epoch is seeded.
+    shuffle: bool = MISSING
+    # Keep the training set on the device for the whole run (one upload) instead of copying
+    # each batch from pinned host memory, as the seeds' code did.
+    on_device: bool = MISSING
+
+
+@dataclass
+class CheckConfig:
+    # Train the same network sequentially with NumPy on rank 0 and log the relative error.
+    reference: bool = MISSING
+    # Where reference weights are cached, keyed by what determines them (not nproc/device).
+    cache_dir: str = "${oc.env:SWEEPSCALE_CACHE,.cache/sweepscale}/reference"
+
+
+@dataclass
+class MlflowConfig:
+    # None: MLFLOW_TRACKING_URI from the environment, else sqlite:///mlflow.db.
+    tracking_uri: str | None = None
+    # None: MLFLOW_EXPERIMENT_NAME from the environment, else "sweepscale".
+    experiment: str | None = None
+    run_name: str | None = None
+    # Set by the sweeper so the point's run nests under the sweep's run.
+    parent_run_id: str | None = None
+    # Extra tags, e.g. {sweepscale.sweep_id: ...}.
+    tags: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class SaveConfig:
+    # Log the initial and final weights (W1, b1, W2, b2) as .npz artifacts.
+    weights: bool = MISSING
+
+
+@dataclass
+class PerfConfig:
+    # Peak FLOP/s for perf/utilization. None: the datasheet peak of the detected GPU.
+    peak_tflops: float | None = None
+
+
+@dataclass
+class MpiConfig:
+    # mpiexec used when `nproc>1` is started without a launcher. None: the one next to the
+    # Python interpreter (the mpich wheel's), else the first on PATH.
+    mpiexec: str | None = None
+
+
+@dataclass
+class FaultConfig:
+    # Fault injection, to exercise the failure path of runs and sweeps: raise on this rank
+    # at this global iteration. Null: no fault.
+    rank: int | None = None
+    iteration: int | None = None
+
+
+@dataclass
+class TrainerConfig:
+    # Values marked MISSING come from conf/trainer.yaml (one home for each value).
+    # The five keys users sweep.
+    hidden: int = MISSING
+    batch_size: int = MISSING
+    lr: float = MISSING
+    epochs: int = MISSING
+    nproc: int = MISSING
+    # Model and run.
+    reg: float = MISSING
+    dtype: DType = MISSING
+    device: Device = MISSING
+    seed: int = MISSING
+    data: DataConfig = field(default_factory=DataConfig)
+    check: CheckConfig = field(default_factory=CheckConfig)
+    mlflow: MlflowConfig = field(default_factory=MlflowConfig)
+    save: SaveConfig = field(default_factory=SaveConfig)
+    perf: PerfConfig = field(default_factory=PerfConfig)
+    mpi: MpiConfig = field(default_factory=MpiConfig)
+    fault: FaultConfig = field(default_factory=FaultConfig)
+
+
+class ConfigError(ValueError):
+    """Bad user input, reported before any training; the message names the key and the fix."""
+
+
+# Groups that say how and where a run is recorded or started, not what it computes.
+NOT_HASHED = ("mlflow", "mpi")
+
+
+def config_hash(cfg: Any) -> str:
+    """Short hash of everything that determines a run's result (the resume key of sweeps)."""
+    d = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+    d = {k: v for k, v in d.items() if k not in NOT_HASHED}
+    return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def register() -> None:
+    ConfigStore.instance().store(name="trainer_schema", node=TrainerConfig)
+
+
+def validate(cfg: TrainerConfig) -> None:
+    """Range checks Hydra's types cannot express. Raises ConfigError naming key and fix."""
+    checks = [
+        (cfg.hidden >= 1, f"hidden={cfg.hidden}: the hidden layer needs at least 1 unit; set hidden=512 or another positive integer"),
+        (cfg.nproc >= 1, f"nproc={cfg.nproc}: at least one MPI rank is needed; set nproc=1 or more"),
+        (cfg.batch_size >= cfg.nproc, f"batch_size={cfg.batch_size} is smaller than nproc={cfg.nproc}: every rank needs at least one sample of each batch; raise batch_size or lower nproc"),
+        (cfg.lr > 0 and cfg.lr == cfg.lr and cfg.lr != float("inf"), f"lr={cfg.lr}: the learning rate must be a positive finite number, e.g. lr=0.1"),
+        (cfg.epochs >= 1, f"epochs={cfg.epochs}: train for at least one epoch; set epochs=1 or more"),
+        (cfg.reg >= 0, f"reg={cfg.reg}: the L2 coefficient cannot be negative; set reg=1e-4 or 0"),
+        (cfg.data.n_train is None or cfg.data.n_train >= 1, f"data.n_train={cfg.data.n_train}: take at least one sample, or null for all"),
+        (cfg.data.n_test is None or cfg.data.n_test >= 0, f"data.n_test={cfg.data.n_test}: cannot be negative; 0 skips the test set, null takes all"),
+    ]
+    for ok, message in checks:
+        if not ok:
+            raise ConfigError(message)

@@ -1,0 +1,26 @@
+"""What rank 0 prints: a line per epoch (thinned for long runs) and a closing table."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+console = Console(stderr=False, highlight=False)
+
+
+def should_print(epoch: int, epochs: int) -> bool:
+    return epochs <= 20 or epoch in (1, epochs) or epoch % max(1, epochs // 10) == 0
+
+
+def epoch_line(epoch: int, epochs: int, loss: float, precision: float | None, seconds: float) -> None:
+    if should_print(epoch, epochs):
+        prec = "" if precision is None else f"  test precision {precision:.4f}"
+        console.print(f"epoch {epoch:>{len(str(epochs))}}/{epochs}  loss {loss:.5f}{prec}  {seconds:.3f} s")
+
+
+def summary(run_id: str, uri: str, rows: dict[str, str]) -> None:
+    table = Table(title=f"run {run_id}", show_header=False)
+    for key, value in rows.items():
+        table.add_row(key, value)
+    console.print(table)
+    console.print(f"see it with: mlflow ui --backend-store-uri {uri}")

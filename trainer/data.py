@@ -1,0 +1,174 @@
+"""Training and test data: IDX files (MNIST, Fashion-MNIST) or the embedded handwritten digits.
+
+Images come back as float arrays of shape (N, 784) scaled to [0, 1], labels as int64 (N,).
+Everything here runs on the host; the trainer decides what goes to the device.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from trainer.config import ConfigError
+
+# IDX magic numbers: 0x00 0x00, type 0x08 (unsigned byte), number of dimensions.
+IMAGES_MAGIC = 0x00000803
+LABELS_MAGIC = 0x00000801
+SIDE = 28
+N_CLASSES = 10
+
+FILES = {
+    "train_images": "train-images-idx3-ubyte",
+    "train_labels": "train-labels-idx1-ubyte",
+    "test_images": "t10k-images-idx3-ubyte",
+    "test_labels": "t10k-labels-idx1-ubyte",
+}
+
+
+@dataclass(frozen=True)
+class Dataset:
+    x_train: np.ndarray  # (N, D) float, in [0, 1]
+    y_train: np.ndarray  # (N,) int64
+    x_test: np.ndarray
+    y_test: np.ndarray
+    source: str  # a folder, or "embedded:sklearn-digits"
+
+    @property
+    def n_features(self) -> int:
+        return self.x_train.shape[1]
+
+    def fingerprint(self) -> str:
+        """Hash of the bytes the model sees, for the reference cache."""
+        h = hashlib.sha256()
+        for a in (self.x_train, self.y_train):
+            h.update(str(a.shape).encode() + str(a.dtype).encode())
+            h.update(np.ascontiguousarray(a).data)
+        return h.hexdigest()[:16]
+
+
+def _find(folder: Path, stem: str) -> Path:
+    for name in (stem, stem + ".gz"):
+        if (folder / name).is_file():
+            return folder / name
+    raise ConfigError(
+        f"data.dir={folder}: no file '{stem}' or '{stem}.gz' there; point data.dir at a folder "
+        f"holding the four MNIST-format IDX files ({', '.join(FILES.values())})"
+    )
+
+
+def read_idx(path: Path, magic: int) -> np.ndarray:
+    """Read one IDX file (raw or gzip) and validate its header against its size."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    try:
+        with opener(path, "rb") as f:
+            raw = f.read()
+    except (OSError, EOFError) as e:
+        raise ConfigError(f"{path}: cannot be read ({e}); replace it with an intact IDX file") from e
+    if len(raw) < 4:
+        raise ConfigError(f"{path}: truncated, only {len(raw)} bytes; replace it with an intact IDX file")
+    found = int.from_bytes(raw[:4], "big")
+    if found != magic:
+        raise ConfigError(
+            f"{path}: wrong IDX magic number 0x{found:08x}, expected 0x{magic:08x} "
+            f"({'images' if magic == IMAGES_MAGIC else 'labels'}); is this the right file?"
+        )
+    ndim = magic & 0xFF
+    header = 4 + 4 * ndim
+    if len(raw) < header:
+        raise ConfigError(f"{path}: truncated header; replace it with an intact IDX file")
+    dims = tuple(int.from_bytes(raw[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim))
+    expected = header + int(np.prod(dims))
+    if len(raw) != expected:
+        raise ConfigError(
+            f"{path}: truncated or padded: header says {dims} ({expected} bytes) but the file has "
+            f"{len(raw)} bytes; replace it with an intact IDX file"
+        )
+    return np.frombuffer(raw, dtype=np.uint8, offset=header).reshape(dims)
+
+
+def write_idx(path: str | Path, array: np.ndarray) -> None:
+    """Write a uint8 array as an IDX file (gzip if the name ends in .gz): the inverse of read_idx."""
+    a = np.ascontiguousarray(array, dtype=np.uint8)
+    header = (0x0800 | a.ndim).to_bytes(4, "big") + b"".join(d.to_bytes(4, "big") for d in a.shape)
+    opener = gzip.open if str(path).endswith(".gz") else open
+    with opener(path, "wb") as f:
+        f.write(header + a.tobytes())
+
+
+def _load_pair(folder: Path, images: str, labels: str) -> tuple[np.ndarray, np.ndarray]:
+    img_path, lab_path = _find(folder, FILES[images]), _find(folder, FILES[labels])
+    x = read_idx(img_path, IMAGES_MAGIC)
+    y = read_idx(lab_path, LABELS_MAGIC)
+    if x.shape[0] != y.shape[0]:
+        raise ConfigError(
+            f"{img_path} holds {x.shape[0]} images but {lab_path} holds {y.shape[0]} labels; "
+            "the two files must come from the same set"
+        )
+    if y.size and int(y.max()) >= N_CLASSES:
+        raise ConfigError(f"{lab_path}: label {int(y.max())} is outside 0..{N_CLASSES - 1}")
+    return x.reshape(x.shape[0], -1), y.astype(np.int64)
+
+
+def load_idx_folder(folder: str | Path) -> Dataset:
+    folder = Path(folder).expanduser()
+    if not folder.is_dir():
+        raise ConfigError(
+            f"data.dir={folder}: no such folder; give the folder of the IDX files "
+            "(e.g. data.dir=../shared/data/mnist) or leave data.dir unset for the embedded digits"
+        )
+    x_train, y_train = _load_pair(folder, "train_images", "train_labels")
+    x_test, y_test = _load_pair(folder, "test_images", "test_labels")
+    return Dataset(x_train, y_train, x_test, y_test, source=str(folder.resolve()))
+
+
+def load_embedded_digits() -> Dataset:
+    """Real handwritten digits shipped by scikit-learn (UCI optdigits, 1797 samples, 8x8).
+
+    Each 8x8 image is resampled to 20x20 and centred in a 28x28 frame, as MNIST's digits are,
+    so the network keeps its 784 inputs. The first 1500 are for training, the rest for testing.
+    """
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    small = digits.images.astype(np.float64) / 16.0  # (N, 8, 8), 17 grey levels
+    # Bilinear resampling 8 -> 20 as two small matrix products (no SciPy/Pillow needed).
+    r = _bilinear_matrix(8, 20)
+    big = np.einsum("ij,njk,lk->nil", r, small, r)
+    frame = np.zeros((len(big), SIDE, SIDE))
+    frame[:, 4:24, 4:24] = big
+    x = np.round(np.clip(frame, 0, 1) * 255).astype(np.uint8).reshape(len(big), -1)
+    y = digits.target.astype(np.int64)
+    return Dataset(x[:1500], y[:1500], x[1500:], y[1500:], source="embedded:sklearn-digits")
+
+
+def _bilinear_matrix(n_in: int, n_out: int) -> np.ndarray:
+    pos = (np.arange(n_out) + 0.5) * n_in / n_out - 0.5
+    pos = np.clip(pos, 0, n_in - 1)
+    lo = np.floor(pos).astype(int)
+    hi = np.minimum(lo + 1, n_in - 1)
+    w = pos - lo
+    m = np.zeros((n_out, n_in))
+    m[np.arange(n_out), lo] += 1 - w
+    m[np.arange(n_out), hi] += w
+    return m
+
+
+def load(data_dir: str | None, n_train: int | None, n_test: int | None, dtype: str) -> Dataset:
+    """Load, take the first n samples, scale pixels to [0, 1] in the run's dtype."""
+    ds = load_embedded_digits() if data_dir is None else load_idx_folder(data_dir)
+    for key, n, have in (("data.n_train", n_train, len(ds.y_train)), ("data.n_test", n_test, len(ds.y_test))):
+        if n is not None and n > have:
+            raise ConfigError(f"{key}={n} is larger than the {have} samples in {ds.source}; set {key}<={have} or null")
+    nt = len(ds.y_train) if n_train is None else n_train
+    ne = len(ds.y_test) if n_test is None else n_test
+
+    def scale(a: np.ndarray) -> np.ndarray:
+        return a.astype(dtype) / np.asarray(255, dtype=dtype)
+
+    return Dataset(
+        scale(ds.x_train[:nt]), ds.y_train[:nt], scale(ds.x_test[:ne]), ds.y_test[:ne], source=ds.source
+    )

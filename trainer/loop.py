@@ -1,0 +1,142 @@
+"""Mini-batch SGD, data parallel: split the batch, forward, backward, all-reduce, update.
+
+The same loop trains on the GPU ranks and, with a world of one and NumPy, is the sequential
+CPU reference: only the array module and the all-reduce differ.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from trainer import model
+from trainer.clock import PhaseClock
+
+# Phases timed in every batch, in order; "batch" is their sum.
+STEP_PHASES = ("h2d", "forward", "backward", "allreduce", "update")
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """What decides the sequence of updates (and so the reference result)."""
+
+    batch_size: int
+    lr: float
+    reg: float
+    epochs: int
+    shuffle: bool = False
+    seed: int = 0
+
+
+@dataclass
+class EpochResult:
+    epoch: int  # 1-based
+    first_iteration: int  # global iteration number of losses[0]
+    losses: np.ndarray  # global mini-batch loss of each iteration
+    batch_sizes: np.ndarray
+    seconds: float
+
+    @property
+    def mean_loss(self) -> float:
+        """Loss over the epoch: the batches' losses weighted by their sizes."""
+        return float(np.average(self.losses, weights=self.batch_sizes))
+
+
+def local_rows(n: int, size: int, rank: int) -> tuple[int, int]:
+    """This rank's [lo, hi) of n rows split as evenly as possible (sizes differ by at most 1)."""
+    base, extra = divmod(n, size)
+    lo = rank * base + min(rank, extra)
+    return lo, lo + base + (rank < extra)
+
+
+def epoch_order(n: int, epoch: int, schedule: Schedule) -> np.ndarray | None:
+    """Sample order of an epoch: None (in order) unless shuffling, then seeded per epoch."""
+    if not schedule.shuffle:
+        return None
+    return np.random.default_rng([schedule.seed, epoch]).permutation(n)
+
+
+class FaultInjected(RuntimeError):
+    """Raised on purpose (config ``fault.*``) to exercise the failure path of runs and sweeps."""
+
+
+def fit(
+    xp: Any,
+    layout: model.Layout,
+    params: Any,
+    x: Any,
+    y: Any,
+    schedule: Schedule,
+    rank: int = 0,
+    size: int = 1,
+    allreduce: Callable[[Any], None] | None = None,
+    clock: PhaseClock | None = None,
+    on_epoch: Callable[[EpochResult], None] | None = None,
+    fault_iteration: int | None = None,
+) -> Any:
+    """Train ``params`` (a flat xp array, updated in place) and return it.
+
+    ``x``/``y`` hold the whole training set, on the device or on the host; a host array is
+    copied to the device one slice per batch (the "h2d" phase). Every rank runs this with the
+    same params and schedule; ``allreduce`` sums the flat gradient buffer over the ranks.
+    """
+    p = layout.views(params)
+    gbuf = xp.empty(layout.size + 1, dtype=params.dtype)  # gradient, then summed cross-entropy
+    g = layout.views(gbuf[:-1])
+    n = len(y)
+    n_batches = -(-n // schedule.batch_size)
+    iteration = 0
+    for epoch in range(1, schedule.epochs + 1):
+        order = epoch_order(n, epoch, schedule)
+        if order is not None and not isinstance(x, np.ndarray):
+            order = xp.asarray(order)  # gather on the device where the data lives
+        losses = xp.empty(n_batches, dtype=params.dtype)
+        sizes = np.empty(n_batches, dtype=np.int64)
+        t0 = time.perf_counter()
+        for b in range(n_batches):
+            start = b * schedule.batch_size
+            stop = min(start + schedule.batch_size, n)
+            lo, hi = local_rows(stop - start, size, rank)
+            if clock:
+                clock.start()
+            if order is None:
+                xb, yb = xp.asarray(x[start + lo : start + hi]), xp.asarray(y[start + lo : start + hi])
+            else:
+                rows = order[start + lo : start + hi]
+                xb, yb = xp.asarray(x[rows]), xp.asarray(y[rows])
+            if clock:
+                clock.mark()
+            if fault_iteration is not None and iteration == fault_iteration:
+                raise FaultInjected(f"fault injected on rank {rank} at iteration {iteration} (config fault.*)")
+            a1, z2 = model.forward(p, xb)
+            yhat, ce_sum = model.softmax_xent(z2, yb)
+            if clock:
+                clock.mark()
+            if hi > lo:
+                model.backward(p, xb, yb, a1, yhat, 1.0 / (stop - start), g)
+                gbuf[-1] = ce_sum
+            else:  # a short last batch can leave a rank without samples
+                gbuf.fill(0)
+            if clock:
+                clock.mark()
+            if allreduce is not None:
+                allreduce(gbuf)
+            if clock:
+                clock.mark()
+            losses[b] = gbuf[-1] / (stop - start) + model.penalty(p, schedule.reg)
+            model.sgd_update(p, g, schedule.lr, schedule.reg)
+            if clock:
+                clock.mark()
+            sizes[b] = stop - start
+            iteration += 1
+        host_losses = losses.get() if xp is not np else losses  # waits for the epoch's work
+        seconds = time.perf_counter() - t0
+        if clock:
+            clock.flush()
+        if on_epoch:
+            on_epoch(EpochResult(epoch, iteration - n_batches, host_losses, sizes, seconds))
+    return params

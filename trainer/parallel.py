@@ -1,0 +1,144 @@
+"""MPI between ranks: how the ranks start, the world-size guard, the gradient all-reduce.
+
+``python -m trainer nproc=N`` started by hand re-runs itself under ``mpiexec -n N``; started by
+mpiexec or srun, it checks that the world it landed in has N ranks.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from trainer.config import ConfigError
+
+# Set by MPICH/Hydra and PMI2 (PMI_*), Open MPI (OMPI_*) and PMIx (PMIX_*) in every rank.
+LAUNCHER_ENV = ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK")
+
+
+def launched_by_mpi() -> bool:
+    """True inside a rank that mpiexec/mpirun/srun started (also a srun task without PMI)."""
+    return any(k in os.environ for k in LAUNCHER_ENV) or "SLURM_STEP_NUM_TASKS" in os.environ
+
+
+def launcher_rank() -> int:
+    """This process's rank as its launcher set it, before MPI is initialised (0 if none)."""
+    for key in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID"):
+        if key in os.environ:
+            return int(os.environ[key])
+    return 0
+
+
+def find_mpiexec(explicit: str | None) -> str:
+    """The configured mpiexec, else the one beside this Python (the mpich wheel's), else PATH."""
+    if explicit:
+        found = shutil.which(explicit)
+        if not found:
+            raise ConfigError(f"mpi.mpiexec={explicit}: not found; give the path of an mpiexec")
+        return found
+    beside = shutil.which("mpiexec", path=os.path.dirname(sys.executable))
+    found = beside or shutil.which("mpiexec")
+    if not found:
+        raise ConfigError(
+            "nproc>1 needs mpiexec, and none is installed: `pip install mpich` (or the project's "
+            "`[mpich]` extra), load your site's MPI module, or set mpi.mpiexec=/path/to/mpiexec"
+        )
+    return found
+
+
+def mpiexec_env() -> dict[str, str]:
+    env = dict(os.environ)
+    # MPICH's Hydra inside a Slurm allocation would try srun for its proxies; fork is what we mean.
+    env.setdefault("HYDRA_LAUNCHER", "fork")
+    if hasattr(os, "geteuid") and os.geteuid() == 0:  # Open MPI refuses root without these
+        env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+    return env
+
+
+def run_under_mpiexec(mpiexec: str, nproc: int, argv: list[str]) -> int:
+    """Start ``python -m trainer argv`` on nproc ranks; forward SIGTERM/SIGINT; return its status."""
+    cmd = [mpiexec, "-n", str(nproc), sys.executable, "-m", "trainer", *argv]
+    proc = subprocess.Popen(cmd, env=mpiexec_env())
+
+    def forward(signum: int, _frame: Any) -> None:
+        proc.send_signal(signum)
+
+    old = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        return proc.wait()
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
+
+
+@dataclass
+class World:
+    comm: Any  # mpi4py.MPI.Comm
+    rank: int
+    size: int
+    local_rank: int
+    library: str
+
+    def abort(self, code: int = 1) -> None:
+        self.comm.Abort(code)
+
+
+def join_world(nproc: int) -> World:
+    """Initialise MPI and check that the world has exactly nproc ranks."""
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    size = comm.Get_size()
+    step_tasks = os.environ.get("SLURM_STEP_NUM_TASKS")
+    if step_tasks and int(step_tasks) != size:
+        raise ConfigError(
+            f"srun started {step_tasks} tasks but MPI sees a world of {size}: the PMI plugin does not "
+            "match the MPI library; use `srun --mpi=pmi2` with the mpich wheel, `--mpi=pmix` with Open MPI"
+        )
+    if size != nproc:
+        raise ConfigError(
+            f"nproc={nproc} but this MPI world has {size} ranks: start it with `mpiexec -n {nproc}` "
+            f"or set nproc={size}"
+        )
+    local_rank = comm.Split_type(MPI.COMM_TYPE_SHARED).Get_rank()
+    library = MPI.Get_library_version().strip().splitlines()[0]
+    return World(comm, comm.Get_rank(), size, local_rank, library)
+
+
+class HostAllreduce:
+    """Sum a flat buffer over all ranks with MPI through host memory (the seeds' scheme).
+
+    On the GPU the buffer is staged through a pinned host copy: the MPI here is not CUDA-aware.
+    """
+
+    def __init__(self, world: World, xp: Any, n: int, dtype: Any) -> None:
+        from mpi4py import MPI
+
+        self.comm, self.size, self.in_place = world.comm, world.size, MPI.IN_PLACE
+        self.on_gpu = xp is not np
+        self.host = None
+        if self.on_gpu and self.size > 1:
+            import cupyx
+
+            self.host = cupyx.empty_pinned((n,), dtype=dtype)
+
+    def __call__(self, buf: Any) -> None:
+        if self.size == 1:
+            return
+        if not self.on_gpu:
+            self.comm.Allreduce(self.in_place, buf)
+            return
+        buf.get(out=self.host)  # waits for the stream: the gradient is complete
+        self.comm.Allreduce(self.in_place, self.host)
+        buf.set(self.host)
+
+
+def solo_allreduce(buf: Any) -> None:
+    """All-reduce over a world of one: nothing to do (the sequential reference)."""

@@ -1,0 +1,221 @@
+"""One training run: validate, start the ranks, train, check against the reference, record.
+
+    data -> model -> all-reduce -> update -> record
+"""
+
+from __future__ import annotations
+
+import signal
+import socket
+import sys
+import traceback
+from typing import Any
+
+import numpy as np
+from omegaconf import DictConfig, OmegaConf
+
+from trainer import data as data_mod
+from trainer import console, flops, metrics, model, parallel, reference, tracking
+from trainer.backend import Backend, select
+from trainer.clock import PhaseClock
+from trainer.config import ConfigError, config_hash, validate
+from trainer.loop import STEP_PHASES, EpochResult, Schedule, fit
+
+
+class Terminated(BaseException):
+    """SIGTERM reached a rank: end the run KILLED, like Ctrl-C."""
+
+
+def _raise_terminated(_signum: int, _frame: Any) -> None:
+    raise Terminated("terminated by SIGTERM")
+
+
+def main(cfg: DictConfig, overrides: list[str]) -> int:
+    """Entry point: returns the process exit status. ``overrides`` re-create cfg in each rank."""
+    try:
+        validate(cfg)
+        ds = load_data(cfg)  # bad data is reported here, before any rank starts or trains
+        if cfg.nproc > 1 and not parallel.launched_by_mpi():
+            return parallel.run_under_mpiexec(parallel.find_mpiexec(cfg.mpi.mpiexec), cfg.nproc, overrides)
+        world = parallel.join_world(cfg.nproc)
+    except ConfigError as e:
+        if parallel.launcher_rank() == 0:  # every rank finds the same error: say it once
+            print(f"Error: {e}", file=sys.stderr)
+        return 2
+    return train_and_record(cfg, world, ds)
+
+
+def load_data(cfg: DictConfig) -> data_mod.Dataset:
+    return data_mod.load(cfg.data.dir, cfg.data.n_train, cfg.data.n_test, cfg.dtype.value)
+
+
+def schedule_of(cfg: DictConfig) -> Schedule:
+    return Schedule(cfg.batch_size, cfg.lr, cfg.reg, cfg.epochs, cfg.data.shuffle, cfg.seed)
+
+
+def flat_params(cfg: DictConfig) -> dict[str, Any]:
+    """The resolved config flattened to MLflow params: hidden, lr, ..., data.dir, ..."""
+    out: dict[str, Any] = {}
+
+    def walk(node: Any, prefix: str) -> None:
+        for k, v in node.items():
+            if isinstance(v, dict) and v:
+                walk(v, f"{prefix}{k}.")
+            else:
+                out[f"{prefix}{k}"] = v
+
+    walk(OmegaConf.to_container(cfg, resolve=True, enum_to_str=True), "")
+    return out
+
+
+def train_and_record(cfg: DictConfig, world: parallel.World, ds: data_mod.Dataset) -> int:
+    """Run on every rank. Rank 0 records; any failure ends the run and aborts the world."""
+    uri = tracking.tracking_uri(cfg.mlflow.tracking_uri)
+    recorder: tracking.Recorder | None = None
+    run_id: str | None = None
+    signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        backend = select(cfg.device, world.local_rank)
+        hosts = world.comm.gather(socket.gethostname())
+        if world.rank == 0:
+            recorder = start_recording(cfg, uri, world, backend, hosts)
+            run_id = recorder.run_id
+        run_id = world.comm.bcast(run_id)
+        train_on_rank(cfg, world, backend, ds, recorder)
+        return 0
+    except BaseException as e:
+        status = "KILLED" if isinstance(e, (KeyboardInterrupt, Terminated)) else "FAILED"
+        text = traceback.format_exc()
+        print(f"[rank {world.rank}] run {status}:\n{text}", file=sys.stderr, flush=True)
+        if run_id is not None:
+            try:
+                if recorder is not None:
+                    recorder.flush()
+                tracking.mark_ended(uri, run_id, status, text, world.rank)
+            except Exception as record_error:  # the store may be what failed
+                print(f"[rank {world.rank}] could not record the failure: {record_error}", file=sys.stderr)
+        if world.size > 1:
+            world.abort(1)  # the other ranks may wait in a collective: end them all now
+        return 1
+
+
+def start_recording(
+    cfg: DictConfig, uri: str, world: parallel.World, backend: Backend, hosts: list[str]
+) -> tracking.Recorder:
+    tags = {
+        metrics.TAG_CONFIG_HASH: config_hash(cfg),
+        "sweepscale.mpi_library": world.library,
+        "sweepscale.world_size": str(world.size),
+        "sweepscale.device": backend.kind,
+        "sweepscale.device_name": backend.device_name,
+        "sweepscale.hosts": ",".join(sorted(set(hosts))),
+        metrics.TAG_TIMING: "cuda-events" if backend.kind == "gpu" else "perf-counter",
+        **{f"sweepscale.version.{k}": v for k, v in backend.versions.items()},
+        **dict(cfg.mlflow.tags),
+    }
+    if cfg.mlflow.parent_run_id:
+        tags["mlflow.parentRunId"] = cfg.mlflow.parent_run_id
+    recorder = tracking.Recorder(uri, tracking.experiment_name(cfg.mlflow.experiment), cfg.mlflow.run_name, tags)
+    recorder.log_params(flat_params(cfg))
+    recorder.log_text(OmegaConf.to_yaml(cfg, resolve=True), "config.yaml")
+    return recorder
+
+
+def train_on_rank(
+    cfg: DictConfig,
+    world: parallel.World,
+    backend: Backend,
+    ds: data_mod.Dataset,
+    recorder: tracking.Recorder | None,
+) -> None:
+    xp = backend.xp
+    layout = model.Layout(D=ds.n_features, H=cfg.hidden, C=data_mod.N_CLASSES)
+    schedule = schedule_of(cfg)
+    init = model.init_params(layout, cfg.seed, cfg.dtype.value)
+    params = xp.array(init)  # a copy: init is kept for the reference and the artifact
+    if cfg.data.on_device or backend.kind == "cpu":
+        x_train, y_train = xp.asarray(ds.x_train), xp.asarray(ds.y_train)
+    else:  # the seeds' way: each batch is copied from pinned host memory
+        x_train, y_train = _pinned(ds.x_train), _pinned(ds.y_train)
+    x_test, y_test = xp.asarray(ds.x_test), xp.asarray(ds.y_test)
+    clock = PhaseClock(STEP_PHASES, gpu=backend.kind == "gpu")
+    allreduce = parallel.HostAllreduce(world, xp, layout.size + 1, params.dtype)
+
+    def on_epoch(e: EpochResult) -> None:
+        if recorder is None:
+            return
+        for i, value in enumerate(e.losses):
+            recorder.metric(metrics.TRAIN_LOSS, value, e.first_iteration + i)
+        recorder.metric(metrics.TRAIN_LOSS_EPOCH, e.mean_loss, e.epoch)
+        recorder.metric(metrics.EPOCH_TIME, e.seconds, e.epoch)
+        precision = None
+        if len(ds.y_test):
+            precision = float(model.correct(layout.views(params), x_test, y_test)) / len(ds.y_test)
+            recorder.metric(metrics.TEST_PRECISION, precision, e.epoch)
+        recorder.flush()
+        console.epoch_line(e.epoch, cfg.epochs, e.mean_loss, precision, e.seconds)
+        last.update(loss=e.mean_loss, precision=precision)
+
+    last: dict[str, float | None] = {}
+    fault = cfg.fault.iteration if cfg.fault.rank == world.rank else None
+    fit(xp, layout, params, x_train, y_train, schedule, world.rank, world.size, allreduce, clock, on_epoch, fault)
+    if recorder is None:
+        return
+    final = backend.to_host(params)
+    phase_ms = clock.medians()
+    record_performance(recorder, cfg, layout, backend, phase_ms, world.size)
+    rows = {
+        "final loss": f"{last['loss']:.5f}",
+        "test precision": "-" if last["precision"] is None else f"{last['precision']:.4f}",
+        "ms per batch (median)": f"{phase_ms['batch']:.3f}",
+        "ranks x device": f"{world.size} x {backend.kind} ({backend.device_name})",
+    }
+    if cfg.check.reference:
+        key = reference.cache_key(layout, schedule, cfg.dtype.value, cfg.seed, ds.fingerprint())
+        ref, cached = reference.reference_params(layout, init, ds.x_train, ds.y_train, schedule, cfg.check.cache_dir, key)
+        errors = reference.relative_errors(layout, final, ref)
+        for name, err in errors.items():
+            recorder.metric(metrics.weight_error(name), err)
+        rows["max weight error vs CPU"] = f"{errors['max']:.3e}"
+        recorder.set_tags({"sweepscale.reference": "cached" if cached else "computed", "sweepscale.reference_key": key})
+    if cfg.save.weights:
+        recorder.log_npz("weights_initial.npz", dict(zip(model.NAMES, layout.views(init))))
+        recorder.log_npz("weights_final.npz", dict(zip(model.NAMES, layout.views(final))))
+    recorder.finish("FINISHED")
+    console.summary(recorder.run_id, recorder.uri, rows)
+
+
+def _pinned(a: np.ndarray) -> Any:
+    import cupyx
+
+    out = cupyx.empty_pinned(a.shape, dtype=a.dtype)
+    out[...] = a
+    return out
+
+
+def record_performance(
+    recorder: tracking.Recorder,
+    cfg: DictConfig,
+    layout: model.Layout,
+    backend: Backend,
+    phase_ms: dict[str, float],
+    nproc: int,
+) -> None:
+    """Median phase times, and the FLOP model's rates for a full batch of the global size."""
+    B, D, H, C = cfg.batch_size, layout.D, layout.H, layout.C
+    batch_flops = flops.batch_flops(B, D, H, C)
+    ar_bytes = flops.allreduce_bytes(D, H, C, np.dtype(cfg.dtype.value).itemsize)
+    recorder.metric(metrics.FLOPS_PER_BATCH, batch_flops)
+    recorder.metric(metrics.ALLREDUCE_BYTES, ar_bytes)
+    for phase, ms in phase_ms.items():
+        recorder.metric(metrics.phase_time(phase), ms)
+    batch_s = phase_ms["batch"] / 1e3
+    tflops = batch_flops / batch_s / 1e12
+    recorder.metric(metrics.SAMPLES_PER_S, B / batch_s)
+    recorder.metric(metrics.TFLOPS, tflops)
+    peak = cfg.perf.peak_tflops or flops.datasheet_peak_tflops(backend.device_name, cfg.dtype.value)
+    if peak:
+        recorder.metric(metrics.UTILIZATION, tflops / (peak * nproc))
+        recorder.set_tags({"sweepscale.peak_tflops_per_device": str(peak)})
+    if nproc > 1 and phase_ms.get("allreduce", 0) > 0:
+        recorder.metric(metrics.ALLREDUCE_GBPS, ar_bytes / (phase_ms["allreduce"] / 1e3) / 1e9)
