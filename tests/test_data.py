@@ -19,7 +19,7 @@ def test_idx_round_trip_scaled_to_unit_interval(tmp_path: Path, gz: bool):
     ds = data.load(str(folder), None, None, "float64")
     ref = data.load_embedded_digits()
     assert ds.x_train.shape == (50, 784) and ds.x_test.shape == (20, 784)
-    assert ds.x_train.dtype == np.float64 and 0 <= ds.x_train.min() and ds.x_train.max() <= 1
+    assert ds.x_train.dtype == np.float64 and ds.x_train.min() >= 0 and ds.x_train.max() <= 1
     np.testing.assert_array_equal(np.round(ds.x_train * 255).astype(np.uint8), ref.x_train[:50])
     np.testing.assert_array_equal(ds.y_test, ref.y_test[:20])
 
@@ -52,7 +52,9 @@ def test_wrong_magic(idx_dir: Path):
     labels = idx_dir / "train-labels-idx1-ubyte.gz"
     images = idx_dir / "train-images-idx3-ubyte.gz"
     labels.write_bytes(images.read_bytes())  # images where labels belong
-    with pytest.raises(ConfigError, match=r"train-labels-idx1-ubyte.gz: wrong IDX magic number 0x00000803, expected 0x00000801"):
+    with pytest.raises(
+        ConfigError, match=r"train-labels-idx1-ubyte.gz: wrong IDX magic number 0x00000803, expected 0x00000801"
+    ):
         data.load(str(idx_dir), None, None, "float32")
 
 
@@ -60,7 +62,9 @@ def test_truncated_file(idx_dir: Path):
     path = idx_dir / "train-images-idx3-ubyte.gz"
     raw = gzip.decompress(path.read_bytes())
     path.write_bytes(gzip.compress(raw[:-100]))
-    with pytest.raises(ConfigError, match=r"train-images-idx3-ubyte.gz: truncated or padded: header says \(60, 28, 28\)"):
+    with pytest.raises(
+        ConfigError, match=r"train-images-idx3-ubyte.gz: truncated or padded: header says \(60, 28, 28\)"
+    ):
         data.load(str(idx_dir), None, None, "float32")
 
 
@@ -79,7 +83,9 @@ def test_count_mismatch(tmp_path: Path):
 
 
 def test_n_train_larger_than_data(idx_dir: Path):
-    with pytest.raises(ConfigError, match=r"data.n_train=61 is larger than the 60 samples in .*; set data.n_train<=60 or null"):
+    with pytest.raises(
+        ConfigError, match=r"data.n_train=61 is larger than the 60 samples in .*; set data.n_train<=60 or null"
+    ):
         data.load(str(idx_dir), 61, None, "float32")
 
 

@@ -137,14 +137,30 @@ def register() -> None:
 def validate(cfg: TrainerConfig) -> None:
     """Range checks Hydra's types cannot express. Raises ConfigError naming key and fix."""
     checks = [
-        (cfg.hidden >= 1, f"hidden={cfg.hidden}: the hidden layer needs at least 1 unit; set hidden=512 or another positive integer"),
+        (
+            cfg.hidden >= 1,
+            f"hidden={cfg.hidden}: the hidden layer needs at least 1 unit; set hidden=512 or another positive integer",
+        ),
         (cfg.nproc >= 1, f"nproc={cfg.nproc}: at least one MPI rank is needed; set nproc=1 or more"),
-        (cfg.batch_size >= cfg.nproc, f"batch_size={cfg.batch_size} is smaller than nproc={cfg.nproc}: every rank needs at least one sample of each batch; raise batch_size or lower nproc"),
-        (cfg.lr > 0 and cfg.lr == cfg.lr and cfg.lr != float("inf"), f"lr={cfg.lr}: the learning rate must be a positive finite number, e.g. lr=0.1"),
+        (
+            cfg.batch_size >= cfg.nproc,
+            f"batch_size={cfg.batch_size} is smaller than nproc={cfg.nproc}: every rank needs at least "
+            "one sample of each full batch; raise batch_size or lower nproc",
+        ),
+        (
+            cfg.lr > 0 and cfg.lr == cfg.lr and cfg.lr != float("inf"),
+            f"lr={cfg.lr}: the learning rate must be a positive finite number, e.g. lr=0.1",
+        ),
         (cfg.epochs >= 1, f"epochs={cfg.epochs}: train for at least one epoch; set epochs=1 or more"),
         (cfg.reg >= 0, f"reg={cfg.reg}: the L2 coefficient cannot be negative; set reg=1e-4 or 0"),
-        (cfg.data.n_train is None or cfg.data.n_train >= 1, f"data.n_train={cfg.data.n_train}: take at least one sample, or null for all"),
-        (cfg.data.n_test is None or cfg.data.n_test >= 0, f"data.n_test={cfg.data.n_test}: cannot be negative; 0 skips the test set, null takes all"),
+        (
+            cfg.data.n_train is None or cfg.data.n_train >= 1,
+            f"data.n_train={cfg.data.n_train}: take at least one sample, or null for all",
+        ),
+        (
+            cfg.data.n_test is None or cfg.data.n_test >= 0,
+            f"data.n_test={cfg.data.n_test}: cannot be negative; 0 skips the test set, null takes all",
+        ),
     ]
     for ok, message in checks:
         if not ok:

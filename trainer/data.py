@@ -169,6 +169,4 @@ def load(data_dir: str | None, n_train: int | None, n_test: int | None, dtype: s
     def scale(a: np.ndarray) -> np.ndarray:
         return a.astype(dtype) / np.asarray(255, dtype=dtype)
 
-    return Dataset(
-        scale(ds.x_train[:nt]), ds.y_train[:nt], scale(ds.x_test[:ne]), ds.y_test[:ne], source=ds.source
-    )
+    return Dataset(scale(ds.x_train[:nt]), ds.y_train[:nt], scale(ds.x_test[:ne]), ds.y_test[:ne], source=ds.source)

@@ -60,7 +60,7 @@ def epoch_order(n: int, epoch: int, schedule: Schedule) -> np.ndarray | None:
     return np.random.default_rng([schedule.seed, epoch]).permutation(n)
 
 
-class FaultInjected(RuntimeError):
+class InjectedFaultError(RuntimeError):
     """Raised on purpose (config ``fault.*``) to exercise the failure path of runs and sweeps."""
 
 
@@ -111,7 +111,7 @@ def fit(
             if clock:
                 clock.mark()
             if fault_iteration is not None and iteration == fault_iteration:
-                raise FaultInjected(f"fault injected on rank {rank} at iteration {iteration} (config fault.*)")
+                raise InjectedFaultError(f"fault injected on rank {rank} at iteration {iteration} (config fault.*)")
             a1, z2 = model.forward(p, xb)
             yhat, ce_sum = model.softmax_xent(z2, yb)
             if clock:

@@ -104,8 +104,7 @@ def join_world(nproc: int) -> World:
         )
     if size != nproc:
         raise ConfigError(
-            f"nproc={nproc} but this MPI world has {size} ranks: start it with `mpiexec -n {nproc}` "
-            f"or set nproc={size}"
+            f"nproc={nproc} but this MPI world has {size} ranks: start it with `mpiexec -n {nproc}` or set nproc={size}"
         )
     local_rank = comm.Split_type(MPI.COMM_TYPE_SHARED).Get_rank()
     library = MPI.Get_library_version().strip().splitlines()[0]

@@ -1,6 +1,6 @@
 """One training run: validate, start the ranks, train, check against the reference, record.
 
-    data -> model -> all-reduce -> update -> record
+data -> model -> all-reduce -> update -> record
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
-from trainer import data as data_mod
 from trainer import console, flops, metrics, model, parallel, reference, tracking
+from trainer import data as data_mod
 from trainer.backend import Backend, select
 from trainer.clock import PhaseClock
 from trainer.config import ConfigError, config_hash, validate
@@ -172,7 +172,9 @@ def train_on_rank(
     }
     if cfg.check.reference:
         key = reference.cache_key(layout, schedule, cfg.dtype.value, cfg.seed, ds.fingerprint())
-        ref, cached = reference.reference_params(layout, init, ds.x_train, ds.y_train, schedule, cfg.check.cache_dir, key)
+        ref, cached = reference.reference_params(
+            layout, init, ds.x_train, ds.y_train, schedule, cfg.check.cache_dir, key
+        )
         errors = reference.relative_errors(layout, final, ref)
         for name, err in errors.items():
             recorder.metric(metrics.weight_error(name), err)

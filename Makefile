@@ -1,0 +1,40 @@
+# Routine targets. `make run` and `make test` are the README's two commands: each installs
+# what it needs into .venv first (idempotent), so they work on a fresh machine.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: install run test test-gpu lint format clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[mpich,dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+## The default run on the embedded digits (local, CPU when no GPU, MLflow in sqlite:///mlflow.db).
+run: $(STAMP)
+	$(BIN)/python -m trainer
+
+## The whole suite (what CI runs). GPU tests are skipped with a reason on machines without one.
+test: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest
+
+## On a GPU machine: the GPU tests only.
+test-gpu: $(STAMP)
+	$(BIN)/python -m pytest -m gpu
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: $(STAMP)
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+clean:
+	rm -rf .pytest_cache .ruff_cache .cache outputs multirun .submitit

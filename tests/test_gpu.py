@@ -1,0 +1,46 @@
+"""The CuPy path against the NumPy path, and whole runs on GPUs (marked gpu: `make test-gpu`)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.conftest import gpu_available
+from tests.test_trainer_runs import COMMON, only_run, trainer
+from trainer import data, metrics, model
+from trainer.backend import select
+from trainer.config import ConfigError, Device
+from trainer.loop import Schedule, fit
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("dtype", "tol"), [("float64", 1e-12), ("float32", 1e-4)])
+def test_cupy_training_matches_numpy(dtype, tol):
+    import cupy
+
+    ds = data.load(None, 600, None, dtype)
+    layout = model.Layout(D=784, H=64)
+    schedule = Schedule(batch_size=128, lr=0.05, reg=1e-4, epochs=2, shuffle=True, seed=3)
+    init = model.init_params(layout, 0, dtype)
+    cpu = fit(np, layout, init.copy(), ds.x_train, ds.y_train, schedule)
+    gpu = fit(cupy, layout, cupy.asarray(init), cupy.asarray(ds.x_train), cupy.asarray(ds.y_train), schedule)
+    assert np.linalg.norm(gpu.get() - cpu) / np.linalg.norm(cpu) < tol
+
+
+@pytest.mark.gpu
+@pytest.mark.mpi
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_gpu_run_is_checked_and_recorded(nproc, idx_dir, mlflow_uri, tmp_path):
+    result = trainer([*COMMON, "device=gpu", f"nproc={nproc}", f"data.dir={idx_dir}"], tmp_path)
+    assert result.returncode == 0, result.stderr
+    _, run = only_run(mlflow_uri)
+    assert run.data.tags["sweepscale.device"] == "gpu"
+    assert run.data.metrics[metrics.weight_error("max")] < 1e-12  # float64
+    assert run.data.metrics[metrics.phase_time("batch")] > 0
+
+
+def test_gpu_requested_without_gpu_is_a_clear_error():
+    if gpu_available():
+        pytest.skip("this machine has a GPU: the error cannot happen here")
+    with pytest.raises(ConfigError, match=r"device=gpu but no GPU is usable here .* or set device=cpu"):
+        select(Device.gpu, 0)
