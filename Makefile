@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[mpich,dev]'
+	$(BIN)/python -m pip install -q -e '.[mpich,dev]' --config-settings editable_mode=compat
 	touch $(STAMP)
 
 install: $(STAMP)

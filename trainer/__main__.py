@@ -5,7 +5,6 @@ from __future__ import annotations
 import sys
 
 import hydra
-from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from trainer.config import register
@@ -16,7 +15,7 @@ register()
 
 @hydra.main(config_path="../conf", config_name="trainer", version_base="1.3")
 def main(cfg: DictConfig) -> None:
-    status = run_main(cfg, list(HydraConfig.get().overrides.task))
+    status = run_main(cfg, sys.argv[1:])  # the ranks re-read exactly what this process was given
     if status:
         sys.exit(status)
 

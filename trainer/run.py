@@ -30,13 +30,13 @@ def _raise_terminated(_signum: int, _frame: Any) -> None:
     raise Terminated("terminated by SIGTERM")
 
 
-def main(cfg: DictConfig, overrides: list[str]) -> int:
-    """Entry point: returns the process exit status. ``overrides`` re-create cfg in each rank."""
+def main(cfg: DictConfig, argv: list[str]) -> int:
+    """Entry point: returns the process exit status. ``argv`` (the CLI's) re-creates cfg in each rank."""
     try:
         validate(cfg)
         ds = load_data(cfg)  # bad data is reported here, before any rank starts or trains
         if cfg.nproc > 1 and not parallel.launched_by_mpi():
-            return parallel.run_under_mpiexec(parallel.find_mpiexec(cfg.mpi.mpiexec), cfg.nproc, overrides)
+            return parallel.run_under_mpiexec(parallel.find_mpiexec(cfg.mpi.mpiexec), cfg.nproc, argv)
         world = parallel.join_world(cfg.nproc)
     except ConfigError as e:
         if parallel.launcher_rank() == 0:  # every rank finds the same error: say it once

@@ -1,0 +1,1 @@
+"""Hydra discovers launchers only under the hydra_plugins namespace: this is sweepscale's."""

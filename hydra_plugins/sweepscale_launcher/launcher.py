@@ -1,0 +1,52 @@
+"""sweepscale's Hydra launcher: Hydra expands the grid, the sweeper does the rest.
+
+Hydra's stock launchers give every point of a multirun the same resources; this one composes
+each point, then hands all of them to sweeper.sweep.run_sweep, which groups them by shape.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from hydra.core.utils import JobReturn, JobStatus
+from hydra.plugins.launcher import Launcher
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+
+class SweepscaleLauncher(Launcher):
+    def __init__(self, **_: Any) -> None:
+        self.config: DictConfig | None = None
+        self.hydra_context: Any = None
+
+    def setup(self, *, hydra_context: Any, task_function: Any, config: DictConfig) -> None:
+        self.hydra_context, self.config = hydra_context, config
+
+    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        from sweeper.plan import Point, labels, trainer_config
+        from sweeper.sweep import run_sweep
+        from trainer.config import ConfigError
+
+        sweep_dir = Path(str(self.config.hydra.sweep.dir)).resolve()
+        points = []
+        names = labels([list(o) for o in job_overrides])
+        try:
+            for i, overrides in enumerate(job_overrides):
+                cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
+                with open_dict(cfg):
+                    cfg.hydra.job.num = initial_job_idx + i
+                subdir = str(OmegaConf.select(cfg, "hydra.sweep.subdir"))
+                point = Point(initial_job_idx + i, list(overrides), trainer_config(cfg), sweep_dir / subdir, names[i])
+                points.append(point)
+            status = run_sweep(self.config, points, sweep_dir, list(self.config.hydra.overrides.task))
+        except ConfigError as e:
+            print(f"Error: {e}", file=sys.stderr)
+            sys.exit(2)
+        if status:
+            sys.exit(status)
+        return [
+            JobReturn(overrides=list(p.overrides), cfg=p.trainer, status=JobStatus.COMPLETED, _return_value=0)
+            for p in points
+        ]

@@ -1,0 +1,87 @@
+"""Typed schema of a sweep: every trainer key at the top level, plus `launcher` and `sweep`.
+
+Values live in conf/sweep.yaml and conf/launcher/*.yaml; Hydra rejects unknown keys and
+ill-typed values against these dataclasses.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+from trainer.config import TrainerConfig
+from trainer.config import register as register_trainer
+
+
+@dataclass
+class LocalLauncherConfig:
+    """Points run on this machine; each point's ranks start with mpiexec."""
+
+    name: str = "local"
+    # GPUs the sweep may use (null: all visible). Points never share a GPU.
+    gpus: int | None = None
+    # CPU cores the sweep may use when points run on the CPU (null: all).
+    cpus: int | None = None
+    timeout_min: int = 60
+
+
+@dataclass
+class SlurmLauncherConfig:
+    """submitit's Slurm executor: one job array per resource shape, one task per MPI rank."""
+
+    name: str = "slurm"
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    time_min: int = 60
+    mem: str | None = None  # per node, e.g. "32G"
+    constraint: str | None = None
+    gpus_per_node: int = 0  # 0: ranks run on CPUs
+    ranks_per_node: int = 1  # most ranks one node holds (with GPUs: gpus_per_node)
+    max_nodes: int = 1
+    cpus_per_task: int = 1
+    pmi: str = "pmi2"  # srun --mpi=...: pmi2 with the mpich wheel, pmix with Open MPI
+    array_parallelism: int = 16
+    sbatch_args: dict[str, str] = field(default_factory=dict)
+    srun_args: list[str] = field(default_factory=list)
+    setup: list[str] = field(default_factory=list)
+    folder: str | None = None  # submitit's folder (null: inside the sweep dir)
+
+
+@dataclass
+class DebugLauncherConfig:
+    """In this process, one point at a time, nproc=1: breakpoints and pdb work."""
+
+    name: str = "debug"
+
+
+@dataclass
+class SweepOptions:
+    dry_run: bool = False  # preview the points and their resources; submit nothing
+    force: bool = False  # rerun points that already have a FINISHED run
+    poll_s: float = 0.5
+
+
+@dataclass
+class SweepConfig(TrainerConfig):
+    launcher: Any = MISSING
+    sweep: SweepOptions = field(default_factory=SweepOptions)
+
+
+LAUNCHERS = {"local": LocalLauncherConfig, "slurm": SlurmLauncherConfig, "debug": DebugLauncherConfig}
+
+
+def register() -> None:
+    register_trainer()
+    cs = ConfigStore.instance()
+    cs.store(name="sweep_schema", node=SweepConfig)
+    for name, node in LAUNCHERS.items():
+        cs.store(group="launcher", name=f"{name}_schema", node=node)
+    cs.store(
+        group="hydra/launcher",
+        name="sweepscale",
+        node={"_target_": "hydra_plugins.sweepscale_launcher.launcher.SweepscaleLauncher"},
+    )

@@ -1,0 +1,89 @@
+"""What a sweep shows: live counts of points (plain lines off a terminal), previews, the summary."""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from trainer import metrics
+
+# Off a terminal (CI logs, files) rich would wrap at 80 columns: give tables room.
+console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
+STATES = ("queued", "running", "done", "failed", "skipped", "cancelled")
+
+
+class Progress:
+    """Counts of points by state with elapsed time; a live line on a terminal, else plain lines."""
+
+    def __init__(self, total: int) -> None:
+        self.total, self.t0, self.last = total, time.monotonic(), ""
+        self.live = Live(console=console, transient=True) if console.is_terminal else None
+
+    def __enter__(self) -> Progress:
+        if self.live:
+            self.live.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.live:
+            self.live.stop()
+
+    def update(self, counts: dict[str, int]) -> None:
+        text = "  ".join(f"{s} {counts.get(s, 0)}" for s in STATES if counts.get(s)) + f"  of {self.total}"
+        if self.live:
+            self.live.update(f"[bold]sweep[/bold] {text}  [dim]{time.monotonic() - self.t0:.0f} s[/dim]")
+        elif text != self.last:
+            console.print(f"[sweep {time.monotonic() - self.t0:6.1f} s] {text}")
+        self.last = text
+
+
+def preview(rows: list[tuple[str, int, str, str]], sbatch: dict[str, str]) -> None:
+    table = Table(title="sweep preview: nothing submitted")
+    for col in ("#", "point", "nproc", "resources"):
+        table.add_column(col)
+    for name, nproc, resources, index in rows:
+        table.add_row(index, name, str(nproc), resources)
+    console.print(table)
+    for shape, text in sbatch.items():
+        console.print(f"[bold]job array for {shape}[/bold]\n{text}")
+
+
+@dataclass
+class Outcome:
+    name: str
+    status: str  # FINISHED, FAILED, KILLED, SKIPPED, CANCELLED
+    run: Any = None  # the MLflow run, when there is one
+    error: str = ""
+    log: str = ""
+
+
+def summary(outcomes: list[Outcome]) -> None:
+    table = Table(title="sweep summary")
+    for col in ("point", "status", "final loss", "precision", "max weight err", "epoch s", "run id"):
+        table.add_column(col, overflow="fold")
+    for o in outcomes:
+        m = o.run.data.metrics if o.run is not None else {}
+
+        def fmt(key: str, spec: str, m: dict = m) -> str:
+            return format(m[key], spec) if key in m else "-"
+
+        colour = {"FINISHED": "green", "SKIPPED": "cyan"}.get(o.status, "red")
+        table.add_row(
+            o.name,
+            f"[{colour}]{o.status}[/{colour}]",
+            fmt(metrics.TRAIN_LOSS_EPOCH, ".4f"),
+            fmt(metrics.TEST_PRECISION, ".4f"),
+            fmt(metrics.weight_error("max"), ".2e"),
+            fmt(metrics.EPOCH_TIME, ".3f"),
+            o.run.info.run_id if o.run is not None else "-",
+        )
+    console.print(table)
+    for o in outcomes:
+        if o.error or (o.status not in ("FINISHED", "SKIPPED") and o.log):
+            console.print(f"[red]{o.name}[/red] {o.status}: {o.error.strip()}\n  log: {o.log}")

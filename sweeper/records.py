@@ -1,0 +1,66 @@
+"""The sweep in MLflow: a parent run, child runs found by sweep id, resume by config hash."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+from typing import Any
+
+from trainer import metrics, tracking
+
+
+def absolute_uri(uri: str) -> str:
+    """Jobs run in other folders (and on other nodes): make a relative SQLite path absolute."""
+    prefix = "sqlite:///"
+    if uri.startswith(prefix) and not uri.startswith(prefix + "/"):
+        return prefix + str(Path(uri[len(prefix) :]).resolve())
+    return uri
+
+
+class SweepRecord:
+    def __init__(self, uri: str, experiment: str) -> None:
+        self.uri = absolute_uri(uri)
+        self.client = tracking.client(self.uri)
+        self.experiment_id = tracking.ensure_experiment(self.client, self.uri, experiment)
+        self.parent_id: str | None = None
+
+    def finished_hashes(self) -> dict[str, str]:
+        """config hash -> id of a FINISHED run of it in this experiment (the resume key)."""
+        runs = self.client.search_runs(
+            [self.experiment_id], filter_string="attributes.status = 'FINISHED'", max_results=50000
+        )
+        return {
+            r.data.tags[metrics.TAG_CONFIG_HASH]: r.info.run_id for r in runs if metrics.TAG_CONFIG_HASH in r.data.tags
+        }
+
+    def start_parent(self, sweep_id: str, overrides: list[str], n_points: int, scheduler: str) -> str:
+        tags = {
+            metrics.TAG_SWEEP_ID: sweep_id,
+            "sweepscale.scheduler": scheduler,
+            "sweepscale.host": socket.gethostname(),
+        }
+        run = self.client.create_run(self.experiment_id, run_name=f"sweep {sweep_id}", tags=tags)
+        self.parent_id = run.info.run_id
+        self.client.log_param(self.parent_id, "sweep.overrides", " ".join(overrides)[:6000] or "(none)")
+        self.client.log_param(self.parent_id, "sweep.points", n_points)
+        return self.parent_id
+
+    def children(self, sweep_id: str) -> dict[str, Any]:
+        """Child runs of this sweep by run name (the point's overrides)."""
+        runs = self.client.search_runs(
+            [self.experiment_id], filter_string=f"tags.`{metrics.TAG_SWEEP_ID}` = '{sweep_id}'", max_results=50000
+        )
+        return {r.info.run_name: r for r in runs if r.info.run_id != self.parent_id}
+
+    def end_parent(self, status: str) -> None:
+        if self.parent_id:
+            self.client.set_terminated(self.parent_id, status)
+
+    def kill_running(self, sweep_id: str) -> list[str]:
+        """Mark this sweep's still-RUNNING child runs KILLED (their jobs were cancelled)."""
+        killed = []
+        for name, run in self.children(sweep_id).items():
+            if run.info.status == "RUNNING":
+                self.client.set_terminated(run.info.run_id, "KILLED")
+                killed.append(name)
+        return killed
