@@ -113,7 +113,12 @@ def plan(points: list[Point], launcher: DictConfig) -> dict[Shape, list[Point]]:
         validate(p.trainer)
         if launcher.name == "debug" and p.nproc != 1:
             raise ConfigError(f"point {p.name}: launcher=debug runs in this process, so nproc must be 1")
-        p.shape = slurm_shape(p, launcher) if launcher.name == "slurm" else local_shape(p, launcher)
+        if launcher.name == "slurm":
+            p.shape = slurm_shape(p, launcher)
+        elif launcher.name == "local":
+            p.shape = local_shape(p, launcher)
+        else:  # debug: this process, one rank
+            p.shape = Shape(1, 1, 0)
         p.config_hash = config_hash(p.trainer)
         groups.setdefault(p.shape, []).append(p)
     return groups

@@ -1,0 +1,231 @@
+"""Sweeps end to end: Hydra's grammar, per-point shapes, real local ranks, MLflow parent/child runs."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from hydra import compose as hydra_compose
+from hydra import initialize_config_dir
+
+from tests.conftest import ROOT
+from trainer import metrics
+
+pytestmark = pytest.mark.mpi
+FAST = ["epochs=2", "batch_size=50", "data.n_train=200", "data.n_test=50"]
+
+
+def sweep(args: list[str], cwd: Path, timeout: float = 240, env: dict | None = None) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "sweeper", "-m", *args]
+    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env or os.environ)
+
+
+def runs(uri: str):
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name("sweepscale")
+    return [] if exp is None else client.search_runs([exp.experiment_id], max_results=1000)
+
+
+def children_of(uri: str, parent_id: str):
+    return {r.info.run_name: r for r in runs(uri) if r.data.tags.get("mlflow.parentRunId") == parent_id}
+
+
+def parents(uri: str):
+    return [r for r in runs(uri) if "mlflow.parentRunId" not in r.data.tags]
+
+
+def compose_sweep(overrides: list[str]):
+    from sweeper.config import register
+
+    register()
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        return hydra_compose(config_name="sweep", overrides=overrides)
+
+
+def test_labels_name_points_by_what_varies():
+    from sweeper.plan import labels
+
+    points = [["hidden=512", "nproc=1", "epochs=2"], ["hidden=512", "nproc=2", "epochs=2"]]
+    assert labels(points) == ["nproc=1", "nproc=2"]
+    assert labels([["epochs=2", "sweep.force=true"]]) == ["epochs=2"]
+
+
+def test_slurm_shape_spreads_ranks_over_nodes():
+    from sweeper.plan import Point, slurm_shape, trainer_config
+    from trainer.config import ConfigError
+
+    cfg = compose_sweep(["launcher=slurm", "launcher.gpus_per_node=4", "launcher.max_nodes=2", "nproc=8"])
+    point = Point(0, [], trainer_config(cfg), Path("."), "nproc=8")
+    shape = slurm_shape(point, cfg.launcher)
+    assert (shape.nodes, shape.tasks_per_node, shape.gpus_per_task) == (2, 4, 1)
+    cfg = compose_sweep(["launcher=slurm", "launcher.gpus_per_node=4", "launcher.max_nodes=2", "nproc=9"])
+    with pytest.raises(ConfigError, match=r"nproc=9 exceeds 2 node\(s\) x 4 ranks = 8; raise launcher.max_nodes"):
+        slurm_shape(Point(0, [], trainer_config(cfg), Path("."), "nproc=9"), cfg.launcher)
+
+
+def test_dry_run_lists_points_and_resources_without_submitting(tmp_path, mlflow_uri):
+    result = sweep(["hidden=16,32", "nproc=1,2", *FAST, "--dry-run"], tmp_path)
+    assert result.returncode == 0, result.stderr
+    for name in ("hidden=16,nproc=1", "hidden=32,nproc=2"):
+        assert name in result.stdout
+    assert "1 node(s) x 2 task(s), 1 CPU rank each" in result.stdout
+    assert not Path(mlflow_uri.removeprefix("sqlite:///")).exists()
+
+
+def test_dry_run_on_slurm_shows_sbatch_lines(tmp_path, mlflow_uri):
+    args = ["nproc=1,2", "launcher=slurm", "launcher.ranks_per_node=2", "launcher.time_min=7", "--dry-run"]
+    result = sweep(args, tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "#SBATCH --ntasks-per-node=2" in result.stdout and "#SBATCH --time=7" in result.stdout
+    assert "--mpi=pmi2" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["hiden=1,2"], "Key 'hiden' not in 'SweepConfig'"),
+        (["lr=abc,0.1"], "Value 'abc' of type 'str' could not be converted to Float"),
+        (["launcher=nope"], "Could not find 'launcher/nope'"),
+        (["nproc=0,1"], "nproc=0: at least one MPI rank is needed"),
+        (["nproc=1,3", "launcher.cpus=2"], "nproc=3 needs 3 CPU cores but this machine has 2"),
+        (["hidden=range(0)"], "the sweep is empty: no point to run"),
+        (["nproc=1,2", "launcher=debug"], "launcher=debug runs in this process, so nproc must be 1"),
+        (["data.dir=/nonexistent/mnist"], "data.dir=/nonexistent/mnist: no such folder"),
+    ],
+)
+def test_bad_input_stops_before_anything_is_submitted(args, message, tmp_path, mlflow_uri):
+    result = sweep(args, tmp_path)
+    assert result.returncode != 0
+    assert message in result.stderr
+    assert not Path(mlflow_uri.removeprefix("sqlite:///")).exists()
+    assert not list(tmp_path.glob("multirun/*/*/*/point.yaml"))
+
+
+def test_local_sweep_failure_isolation_and_resume(tmp_path, mlflow_uri):
+    # hidden=32,nproc=2 fails on rank 1 (fault injection); the other three finish.
+    args = ["hidden=16,32", "nproc=1,2", *FAST, "fault.rank=1", "fault.iteration=2"]
+    result = sweep(args, tmp_path)
+    assert result.returncode == 1, result.stdout + result.stderr
+    (parent,) = parents(mlflow_uri)
+    kids = children_of(mlflow_uri, parent.info.run_id)
+    assert set(kids) == {"hidden=16,nproc=1", "hidden=16,nproc=2", "hidden=32,nproc=1", "hidden=32,nproc=2"}
+    status = {name: r.info.status for name, r in kids.items()}
+    assert status["hidden=16,nproc=2"] == status["hidden=32,nproc=2"] == "FAILED"
+    assert status["hidden=16,nproc=1"] == status["hidden=32,nproc=1"] == "FINISHED"
+    for name, r in kids.items():
+        assert r.data.tags["sweepscale.world_size"] == name[-1]
+        assert r.data.tags[metrics.TAG_SWEEP_ID] == parent.data.tags[metrics.TAG_SWEEP_ID]
+        assert r.data.tags[metrics.TAG_CONFIG_HASH]
+    assert parent.info.status == "FAILED" and parent.data.params["sweep.points"] == "4"
+    assert "fault injected on rank 1 at iteration 2" in result.stdout
+    assert "stderr.log" in result.stdout  # the failed point's log path
+
+    # The same sweep again: the finished points are skipped, the failed ones rerun.
+    result = sweep(args, tmp_path)
+    assert result.returncode == 1
+    assert "skip hidden=16,nproc=1: FINISHED run" in result.stdout
+    newest = max(parents(mlflow_uri), key=lambda r: r.info.start_time)
+    assert set(children_of(mlflow_uri, newest.info.run_id)) == {"hidden=16,nproc=2", "hidden=32,nproc=2"}
+
+
+def test_debug_launcher_runs_in_process(tmp_path, mlflow_uri):
+    result = sweep(["hidden=8,16", *FAST, "launcher=debug"], tmp_path)
+    assert result.returncode == 0, result.stderr
+    (parent,) = parents(mlflow_uri)
+    kids = children_of(mlflow_uri, parent.info.run_id)
+    assert {r.info.status for r in kids.values()} == {"FINISHED"} and len(kids) == 2
+
+
+def test_sigterm_cancels_jobs_and_marks_runs_killed(tmp_path, mlflow_uri):
+    cmd = [sys.executable, "-m", "sweeper", "-m", "nproc=1", "epochs=100000", "data.n_train=200"]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and not any(
+        r.info.status == "RUNNING" and "mlflow.parentRunId" in r.data.tags for r in runs(mlflow_uri)
+    ):
+        time.sleep(0.5)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130, out
+    assert "interrupted: cancelling the sweep's jobs" in out and "sweep summary" in out
+    statuses = {r.info.status for r in runs(mlflow_uri)}
+    assert statuses == {"KILLED"}, statuses
+
+
+def slurm_answers() -> bool:
+    if shutil.which("sinfo") is None:
+        return False
+    try:
+        return subprocess.run(["sinfo", "-h"], capture_output=True, timeout=10).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+slurm = pytest.mark.skipif(
+    not slurm_answers(), reason="no Slurm answers here (`sinfo` failed): CI starts one with scripts/slurm_up.sh"
+)
+SLURM = ["launcher=slurm", "launcher.ranks_per_node=2", "launcher.time_min=10"]
+
+
+@slurm
+def test_slurm_sweep_world_sizes_failures_and_resume(tmp_path, mlflow_uri):
+    args = ["hidden=16,32", "nproc=1,2", *FAST, *SLURM]
+    result = sweep(args, tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    (parent,) = parents(mlflow_uri)
+    kids = children_of(mlflow_uri, parent.info.run_id)
+    assert len(kids) == 4 and {r.info.status for r in kids.values()} == {"FINISHED"}
+    for name, r in kids.items():
+        assert r.data.tags["sweepscale.world_size"] == name[-1]  # srun's PMI made the world
+    assert parent.data.tags["sweepscale.scheduler"] == "slurm"
+
+    result = sweep(args, tmp_path)
+    assert result.returncode == 0
+    assert result.stdout.count("skip hidden=") == 4
+
+
+@slurm
+def test_slurm_failing_point_leaves_others_finished(tmp_path, mlflow_uri):
+    result = sweep(["hidden=16", "nproc=1,2", *FAST, *SLURM, "fault.rank=1", "fault.iteration=1"], tmp_path)
+    assert result.returncode == 1
+    (parent,) = parents(mlflow_uri)
+    kids = children_of(mlflow_uri, parent.info.run_id)
+    assert kids["nproc=1"].info.status == "FINISHED" and kids["nproc=2"].info.status == "FAILED"
+
+
+@slurm
+def test_slurm_scancel_ends_killed_and_sweep_reports(tmp_path, mlflow_uri):
+    cmd = [sys.executable, "-m", "sweeper", "-m", "nproc=2", "epochs=100000", "data.n_train=200", *SLURM]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and not any(
+        r.info.status == "RUNNING" and r.info.run_name != "" and "mlflow.parentRunId" in r.data.tags
+        for r in runs(mlflow_uri)
+    ):
+        time.sleep(0.5)
+    link = next(tmp_path.glob("multirun/*/*/0/stderr.log"))  # the point's folder leads to its job
+    job_id = Path(os.readlink(link)).parent.name
+    subprocess.run(["scancel", job_id], check=True)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 1, out
+    assert "sweep summary" in out and "KILLED" in out
+    (kid,) = [r for r in runs(mlflow_uri) if "mlflow.parentRunId" in r.data.tags]
+    assert kid.info.status == "KILLED"
+
+
+@slurm
+def test_slurm_unknown_partition_surfaces_scheduler_message(tmp_path, mlflow_uri):
+    result = sweep(["nproc=1,2", *SLURM, "launcher.partition=nosuchpart"], tmp_path)
+    assert result.returncode == 2
+    assert (
+        "launcher.partition=nosuchpart: Slurm says:" in result.stderr and "invalid partition" in result.stderr.lower()
+    )
+    assert not Path(mlflow_uri.removeprefix("sqlite:///")).exists()
