@@ -15,9 +15,9 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-## The default run on the embedded digits (local, CPU when no GPU, MLflow in sqlite:///mlflow.db).
+## The default sweep on the embedded digits: 4 points (local launcher, CPU when no GPU, MLflow in sqlite:///mlflow.db).
 run: $(STAMP)
-	$(BIN)/python -m trainer
+	$(BIN)/python -m sweeper -m hidden=128,512 nproc=1,2
 
 ## The whole suite (what CI runs). GPU tests are skipped with a reason on machines without one.
 test: $(STAMP)

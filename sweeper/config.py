@@ -62,7 +62,7 @@ class DebugLauncherConfig:
 class SweepOptions:
     dry_run: bool = False  # preview the points and their resources; submit nothing
     force: bool = False  # rerun points that already have a FINISHED run
-    poll_s: float = 0.5
+    poll_s: float = 0.2
 
 
 @dataclass

@@ -7,23 +7,18 @@ its ranks with mpiexec; on Slurm every task runs it and becomes one MPI rank thr
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
 from sweeper.plan import Point, Shape
+from sweeper.point_job import POINT_CONFIG, PointFailedError, run_point
 from trainer.config import ConfigError
-
-POINT_CONFIG = "point"
-
-
-class PointFailedError(RuntimeError):
-    """The trainer of a point exited with a non-zero status."""
 
 
 def write_point_config(point: Point) -> Path:
@@ -38,24 +33,6 @@ def write_point_config(point: Point) -> Path:
     path = point.dir / f"{POINT_CONFIG}.yaml"
     OmegaConf.save(OmegaConf.create(doc), path)
     return path
-
-
-def run_point(config_dir: str, env: dict[str, str]) -> int:
-    """The job's body (every Slurm task runs it): start the trainer, pass signals on."""
-    cmd = [sys.executable, "-m", "trainer", "--config-dir", config_dir, "--config-name", POINT_CONFIG]
-    # srun's PMI hands each task a socket (PMI_FD); the trainer, not this wrapper, is the rank.
-    keep = (int(os.environ["PMI_FD"]),) if "PMI_FD" in os.environ else ()
-    proc = subprocess.Popen(cmd, env={**os.environ, **env}, pass_fds=keep)
-
-    def forward(signum: int, _frame: Any) -> None:
-        proc.send_signal(signum)
-
-    for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR2):
-        signal.signal(s, forward)
-    status = proc.wait()
-    if status:
-        raise PointFailedError(f"trainer exited with status {status} (config {config_dir}/{POINT_CONFIG}.yaml)")
-    return 0
 
 
 class FinishedInProcess:
@@ -92,6 +69,9 @@ class DebugRunner:
     def release(self, point: Point) -> None:
         pass
 
+    def cancel(self, job: Any) -> None:
+        pass  # the point ran to its end already
+
 
 class LocalRunner:
     """Points as local submitit jobs, started while GPUs (or cores) are free, never oversubscribed."""
@@ -126,6 +106,12 @@ class LocalRunner:
             queued.remove(p)
             started.append((p, self.executor.submit(run_point, str(p.dir), env)))
         return started
+
+    def cancel(self, job: Any) -> None:
+        """SIGTERM to the job's process (a local job's id is its pid), which passes it to the
+        trainer and its ranks: they end their run KILLED and exit."""
+        with contextlib.suppress(ProcessLookupError, ValueError):
+            os.kill(int(job.job_id), signal.SIGTERM)
 
     def release(self, p: Point) -> None:
         if p.shape.gpus_per_task:
@@ -205,3 +191,6 @@ class SlurmRunner:
 
     def release(self, point: Point) -> None:
         pass
+
+    def cancel(self, job: Any) -> None:
+        job.cancel(check=False)  # scancel: Slurm sends SIGTERM to every task

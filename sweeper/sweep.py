@@ -75,7 +75,8 @@ def run_sweep(base: DictConfig, points: list[Point], sweep_dir: Path, overrides:
         sbatch = {}
         if launcher.name == "slurm":
             for shape, members in groups.items():
-                sbatch[shape.describe()] = jobs.sbatch_preview(launcher, shape, sweep_dir / ".submitit", len(members))
+                folder = sweep_dir / ".submitit" / "%j"
+                sbatch[shape.describe()] = jobs.sbatch_preview(launcher, shape, folder, len(members))
         display.preview(rows, sbatch)
         return 0
 
@@ -130,9 +131,14 @@ def run_sweep(base: DictConfig, points: list[Point], sweep_dir: Path, overrides:
         interrupted = True
         display.console.print("[red]interrupted: cancelling the sweep's jobs[/red]")
         for _p, job in running.values():
-            job.cancel(check=False)
-        time.sleep(1.0)  # let cancelled trainers record themselves first
-        record.kill_running(sweep_id)
+            runner.cancel(job)
+        deadline = time.monotonic() + 30  # let the trainers end their runs KILLED themselves
+        while time.monotonic() < deadline and not all(job.done() for _p, job in running.values()):
+            time.sleep(opts.poll_s)
+        for _p, job in running.values():
+            if not job.done():
+                job.cancel(check=False)
+        record.kill_running(sweep_id)  # runs whose trainer could not say so
     finally:
         signal.signal(signal.SIGTERM, previous)
 

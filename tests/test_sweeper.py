@@ -145,6 +145,7 @@ def test_debug_launcher_runs_in_process(tmp_path, mlflow_uri):
 
 
 def test_sigterm_cancels_jobs_and_marks_runs_killed(tmp_path, mlflow_uri):
+    runs(mlflow_uri)  # create the store first: polling must not race the sweeper's schema set-up
     cmd = [sys.executable, "-m", "sweeper", "-m", "nproc=1", "epochs=100000", "data.n_train=200"]
     proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.time() + 120
@@ -203,6 +204,7 @@ def test_slurm_failing_point_leaves_others_finished(tmp_path, mlflow_uri):
 
 @slurm
 def test_slurm_scancel_ends_killed_and_sweep_reports(tmp_path, mlflow_uri):
+    runs(mlflow_uri)  # create the store first: polling must not race the sweeper's schema set-up
     cmd = [sys.executable, "-m", "sweeper", "-m", "nproc=2", "epochs=100000", "data.n_train=200", *SLURM]
     proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.time() + 120
@@ -229,3 +231,29 @@ def test_slurm_unknown_partition_surfaces_scheduler_message(tmp_path, mlflow_uri
         "launcher.partition=nosuchpart: Slurm says:" in result.stderr and "invalid partition" in result.stderr.lower()
     )
     assert not Path(mlflow_uri.removeprefix("sqlite:///")).exists()
+
+
+def test_scaling_preset_keeps_batch_per_rank_constant():
+    assert compose_sweep(["+experiment=scaling", "nproc=4"]).batch_size == 12800
+    assert compose_sweep(["+experiment=scaling", "nproc=1"]).data.n_train == 38400
+
+
+@pytest.mark.parametrize("preset", ["scaling", "lr_study", "hidden_study", "batch_study"])
+def test_presets_expand_to_their_grids(preset, tmp_path, idx_dir, mlflow_uri):
+    args = [
+        f"+experiment={preset}",
+        f"data.dir={idx_dir}",
+        "data.n_train=60",
+        "launcher=slurm",
+        "launcher.ranks_per_node=4",
+        "--dry-run",
+    ]
+    result = sweep(args, tmp_path)
+    assert result.returncode == 0, result.stderr
+    expected = {
+        "scaling": "hidden=2048,nproc=4",
+        "lr_study": "lr=1.0",
+        "hidden_study": "hidden=1024",
+        "batch_study": "batch_size=512,nproc=4",
+    }[preset]
+    assert expected in result.stdout

@@ -132,6 +132,8 @@ def config_hash(cfg: Any) -> str:
 
 def register() -> None:
     ConfigStore.instance().store(name="trainer_schema", node=TrainerConfig)
+    # For presets that tie keys together, e.g. batch_size: ${mul:3200,${nproc}} (B/nproc constant).
+    OmegaConf.register_new_resolver("mul", lambda a, b: int(a) * int(b), replace=True)
 
 
 def validate(cfg: TrainerConfig) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -131,18 +132,26 @@ def load_embedded_digits() -> Dataset:
     Each 8x8 image is resampled to 20x20 and centred in a 28x28 frame, as MNIST's digits are,
     so the network keeps its 784 inputs. The first 1500 are for training, the rest for testing.
     """
-    from sklearn.datasets import load_digits
-
-    digits = load_digits()
-    small = digits.images.astype(np.float64) / 16.0  # (N, 8, 8), 17 grey levels
+    table = np.loadtxt(_digits_file(), delimiter=",")  # 64 pixels in 0..16, then the label
+    small = table[:, :64].reshape(-1, 8, 8) / 16.0  # 17 grey levels
     # Bilinear resampling 8 -> 20 as two small matrix products (no SciPy/Pillow needed).
     r = _bilinear_matrix(8, 20)
     big = np.einsum("ij,njk,lk->nil", r, small, r)
     frame = np.zeros((len(big), SIDE, SIDE))
     frame[:, 4:24, 4:24] = big
     x = np.round(np.clip(frame, 0, 1) * 255).astype(np.uint8).reshape(len(big), -1)
-    y = digits.target.astype(np.int64)
+    y = table[:, 64].astype(np.int64)
     return Dataset(x[:1500], y[:1500], x[1500:], y[1500:], source="embedded:sklearn-digits")
+
+
+def _digits_file() -> Path:
+    """scikit-learn's copy of the digits, found without importing scikit-learn (1 s of imports)."""
+    spec = importlib.util.find_spec("sklearn")
+    if spec is None or spec.origin is None:
+        raise ConfigError(
+            "the embedded digits come with scikit-learn, which is not installed: pip install scikit-learn"
+        )
+    return Path(spec.origin).parent / "datasets" / "data" / "digits.csv.gz"
 
 
 def _bilinear_matrix(n_in: int, n_out: int) -> np.ndarray:
