@@ -18,6 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from sweeper.plan import Point, Shape
 from sweeper.point_job import POINT_CONFIG, PointFailedError, run_point
+from trainer.backend import gpu_count
 from trainer.config import ConfigError
 
 
@@ -79,11 +80,9 @@ class LocalRunner:
     def __init__(self, launcher: DictConfig, folder: Path) -> None:
         import submitit
 
-        from sweeper.plan import local_gpu_count
-
         self.executor = submitit.LocalExecutor(folder=str(folder / "%j"))
         self.executor.update_parameters(timeout_min=launcher.timeout_min)
-        n_gpus = launcher.gpus if launcher.gpus is not None else local_gpu_count()
+        n_gpus = launcher.gpus if launcher.gpus is not None else gpu_count()
         self.free_gpus = list(range(n_gpus))
         self.free_cpus = launcher.cpus if launcher.cpus is not None else (os.cpu_count() or 1)
         self.held: dict[int, list[int]] = {}

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from trainer.backend import gpu_count
 from trainer.config import ConfigError, TrainerConfig, config_hash, validate
 
 SWEEP_ONLY_KEYS = ("launcher", "sweep", "hydra")
@@ -65,17 +66,11 @@ def trainer_config(sweep_cfg: DictConfig) -> DictConfig:
     return cfg
 
 
-def local_gpu_count() -> int:
-    from trainer.backend import _gpu_count
-
-    return _gpu_count()
-
-
 def local_shape(point: Point, launcher: DictConfig) -> Shape:
     """On this machine: GPUs when the point runs on GPUs, else CPU cores; never oversubscribed."""
-    on_gpu = point.trainer.device.value != "cpu" and local_gpu_count() > 0
+    on_gpu = point.trainer.device.value != "cpu" and gpu_count() > 0
     if on_gpu:
-        have = launcher.gpus if launcher.gpus is not None else local_gpu_count()
+        have = launcher.gpus if launcher.gpus is not None else gpu_count()
         what, fix = "GPUs", "lower nproc, or set launcher.gpus, or use launcher=slurm"
     else:
         have = launcher.cpus if launcher.cpus is not None else (os.cpu_count() or 1)

@@ -60,3 +60,8 @@ def test_config_hash_ignores_where_it_is_recorded():
     base = config_hash(compose([]))
     assert config_hash(compose(["mlflow.run_name=x", "mlflow.experiment=y"])) == base
     assert config_hash(compose(["nproc=2"])) != base
+
+
+def test_tf32_needs_float32():
+    with pytest.raises(ConfigError, match=r"tf32=true needs dtype=float32"):
+        validate(compose(["tf32=true", "dtype=float64"]))

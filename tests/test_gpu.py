@@ -44,3 +44,50 @@ def test_gpu_requested_without_gpu_is_a_clear_error():
         pytest.skip("this machine has a GPU: the error cannot happen here")
     with pytest.raises(ConfigError, match=r"device=gpu but no GPU is usable here .* or set device=cpu"):
         select(Device.gpu, 0)
+
+
+def gpu_count() -> int:
+    from trainer.backend import gpu_count as count
+
+    return count() if gpu_available() else 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("dtype", "tol"), [("float64", 1e-12), ("float32", 1e-5)])
+def test_fused_step_matches_generic_step(dtype, tol):
+    """The fused kernels compute the generic path's function: weights and losses, uneven batches."""
+    import cupy
+
+    ds = data.load(None, 700, None, dtype)
+    layout = model.Layout(D=784, H=96)
+    schedule = Schedule(batch_size=256, lr=0.2, reg=1e-3, epochs=2, shuffle=True, seed=5)
+    x, y = cupy.asarray(ds.x_train), cupy.asarray(ds.y_train)
+    results = {}
+    for kind in ("generic", "fused"):
+        losses = []
+        params = cupy.asarray(model.init_params(layout, 1, dtype))
+        fit(cupy, layout, params, x, y, schedule, on_epoch=lambda e, out=losses: out.append(e.losses), step_kind=kind)
+        results[kind] = (params.get(), np.concatenate(losses))
+    (pg, lg), (pf, lf) = results["generic"], results["fused"]
+    assert np.linalg.norm(pf - pg) / np.linalg.norm(pg) < tol
+    np.testing.assert_allclose(lf, lg, rtol=tol)
+
+
+@pytest.mark.gpu
+def test_tf32_run_stays_close_to_float32(idx_dir, mlflow_uri, tmp_path):
+    result = trainer([*COMMON[1:], "device=gpu", "tf32=true", f"data.dir={idx_dir}"], tmp_path)
+    assert result.returncode == 0, result.stderr
+    _, run = only_run(mlflow_uri)
+    assert run.data.metrics[metrics.weight_error("max")] < 1e-2  # TF32 GEMMs: ~1e-3 relative per product
+
+
+@pytest.mark.gpu
+@pytest.mark.mpi
+def test_nccl_allreduce_matches_reference(idx_dir, mlflow_uri, tmp_path):
+    if gpu_count() < 2:
+        pytest.skip("NCCL needs a GPU per rank: this machine has fewer than 2 GPUs")
+    result = trainer([*COMMON, "device=gpu", "nproc=2", "comm=nccl", f"data.dir={idx_dir}"], tmp_path)
+    assert result.returncode == 0, result.stderr
+    _, run = only_run(mlflow_uri)
+    assert run.data.tags["sweepscale.comm"] == "NcclAllreduce"
+    assert run.data.metrics[metrics.weight_error("max")] < 1e-12

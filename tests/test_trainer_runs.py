@@ -149,3 +149,10 @@ def test_bad_input_fails_before_any_rank_starts(tmp_path, mlflow_uri):
     assert result.returncode == 2
     assert f"data.dir={tmp_path / 'missing'}: no such folder" in result.stderr
     assert not (tmp_path / "mlflow.db").exists()  # nothing half-written
+
+
+@pytest.mark.parametrize(("override", "key"), [("step=fused", "step"), ("comm=nccl", "comm")])
+def test_gpu_only_choices_on_the_cpu_are_clear_errors(override, key, tmp_path, mlflow_uri):
+    result = trainer([override, "device=cpu", "nproc=2"], tmp_path)
+    assert result.returncode == 2
+    assert f"{override} needs a GPU and none is used here; set {key}=auto" in result.stderr

@@ -17,6 +17,7 @@ class Backend:
     kind: str  # "cpu" or "gpu"
     device_name: str
     versions: dict[str, str] = field(default_factory=dict)
+    n_devices: int = 0  # GPUs visible to this process
 
     def synchronize(self) -> None:
         if self.kind == "gpu":
@@ -26,7 +27,7 @@ class Backend:
         return a.get() if self.kind == "gpu" else np.asarray(a)
 
 
-def _gpu_count() -> int:
+def gpu_count() -> int:
     try:
         import cupy
 
@@ -37,7 +38,7 @@ def _gpu_count() -> int:
 
 def select(device: Device, local_rank: int) -> Backend:
     """NumPy, or CuPy on GPU ``local_rank mod count`` (one GPU per rank on each node)."""
-    n_gpus = 0 if device == Device.cpu else _gpu_count()
+    n_gpus = 0 if device == Device.cpu else gpu_count()
     if device == Device.gpu and n_gpus == 0:
         raise ConfigError(
             "device=gpu but no GPU is usable here (CuPy missing or no CUDA device): install the "
@@ -57,4 +58,4 @@ def select(device: Device, local_rank: int) -> Backend:
         "cuda_runtime": str(cupy.cuda.runtime.runtimeGetVersion()),
         "cuda_driver": str(cupy.cuda.runtime.driverGetVersion()),
     }
-    return Backend(cupy, "gpu", name, versions)
+    return Backend(cupy, "gpu", name, versions, n_gpus)

@@ -25,6 +25,18 @@ class Device(str, Enum):
     gpu = "gpu"
 
 
+class Step(str, Enum):
+    auto = "auto"  # fused on the GPU, generic on the CPU
+    generic = "generic"  # model.py, one array op per kernel: the readable reference
+    fused = "fused"  # trainer/steps.py's fused kernels (GPU only)
+
+
+class Comm(str, Enum):
+    auto = "auto"  # NCCL when every rank has its own GPU, else MPI
+    nccl = "nccl"  # cupy.cuda.nccl, device buffers
+    mpi = "mpi"  # the seeds' scheme: host-staged MPI_Allreduce through pinned buffers
+
+
 class DType(str, Enum):
     float32 = "float32"
     float64 = "float64"
@@ -106,6 +118,10 @@ class TrainerConfig:
     dtype: DType = MISSING
     device: Device = MISSING
     seed: int = MISSING
+    step: Step = MISSING
+    comm: Comm = MISSING
+    tf32: bool = MISSING  # float32 storage, TF32 tensor-core GEMMs
+    profile: bool = MISSING  # NVTX ranges per phase, for Nsight Systems
     data: DataConfig = field(default_factory=DataConfig)
     check: CheckConfig = field(default_factory=CheckConfig)
     mlflow: MlflowConfig = field(default_factory=MlflowConfig)
@@ -164,6 +180,12 @@ def validate(cfg: TrainerConfig) -> None:
             f"data.n_test={cfg.data.n_test}: cannot be negative; 0 skips the test set, null takes all",
         ),
     ]
+    checks.append(
+        (
+            not (cfg.tf32 and cfg.dtype == DType.float64),
+            "tf32=true needs dtype=float32 (TF32 is a float32 GEMM mode); drop tf32 or use float32",
+        )
+    )
     for ok, message in checks:
         if not ok:
             raise ConfigError(message)

@@ -15,6 +15,7 @@ import numpy as np
 
 from trainer import model
 from trainer.clock import PhaseClock
+from trainer.steps import make_step
 
 # Phases timed in every batch, in order; "batch" is their sum.
 STEP_PHASES = ("h2d", "forward", "backward", "allreduce", "update")
@@ -77,16 +78,17 @@ def fit(
     clock: PhaseClock | None = None,
     on_epoch: Callable[[EpochResult], None] | None = None,
     fault_iteration: int | None = None,
+    step_kind: str = "generic",
 ) -> Any:
     """Train ``params`` (a flat xp array, updated in place) and return it.
 
     ``x``/``y`` hold the whole training set, on the device or on the host; a host array is
     copied to the device one slice per batch (the "h2d" phase). Every rank runs this with the
     same params and schedule; ``allreduce`` sums the flat gradient buffer over the ranks.
+    ``step_kind`` picks the implementation of the step (trainer/steps.py).
     """
-    p = layout.views(params)
     gbuf = xp.empty(layout.size + 1, dtype=params.dtype)  # gradient, then summed cross-entropy
-    g = layout.views(gbuf[:-1])
+    step = make_step(step_kind, xp, layout, params, gbuf, -(-schedule.batch_size // size))
     n = len(y)
     n_batches = -(-n // schedule.batch_size)
     iteration = 0
@@ -94,7 +96,7 @@ def fit(
         order = epoch_order(n, epoch, schedule)
         if order is not None and not isinstance(x, np.ndarray):
             order = xp.asarray(order)  # gather on the device where the data lives
-        losses = xp.empty(n_batches, dtype=params.dtype)
+        losses = xp.zeros(n_batches, dtype=params.dtype)
         sizes = np.empty(n_batches, dtype=np.int64)
         t0 = time.perf_counter()
         for b in range(n_batches):
@@ -112,13 +114,12 @@ def fit(
                 clock.mark()
             if fault_iteration is not None and iteration == fault_iteration:
                 raise InjectedFaultError(f"fault injected on rank {rank} at iteration {iteration} (config fault.*)")
-            a1, z2 = model.forward(p, xb)
-            yhat, ce_sum = model.softmax_xent(z2, yb)
+            if hi > lo:
+                step.forward(xb, yb)
             if clock:
                 clock.mark()
             if hi > lo:
-                model.backward(p, xb, yb, a1, yhat, 1.0 / (stop - start), g)
-                gbuf[-1] = ce_sum
+                step.backward(xb, yb, 1.0 / (stop - start))
             else:  # a short last batch can leave a rank without samples
                 gbuf.fill(0)
             if clock:
@@ -127,8 +128,7 @@ def fit(
                 allreduce(gbuf)
             if clock:
                 clock.mark()
-            losses[b] = gbuf[-1] / (stop - start) + model.penalty(p, schedule.reg)
-            model.sgd_update(p, g, schedule.lr, schedule.reg)
+            step.update(schedule.lr, schedule.reg, 1.0 / (stop - start), losses[b : b + 1])
             if clock:
                 clock.mark()
             sizes[b] = stop - start

@@ -84,6 +84,7 @@ class World:
     rank: int
     size: int
     local_rank: int
+    local_size: int
     library: str
 
     def abort(self, code: int = 1) -> None:
@@ -106,9 +107,9 @@ def join_world(nproc: int) -> World:
         raise ConfigError(
             f"nproc={nproc} but this MPI world has {size} ranks: start it with `mpiexec -n {nproc}` or set nproc={size}"
         )
-    local_rank = comm.Split_type(MPI.COMM_TYPE_SHARED).Get_rank()
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
     library = MPI.Get_library_version().strip().splitlines()[0]
-    return World(comm, comm.Get_rank(), size, local_rank, library)
+    return World(comm, comm.Get_rank(), size, node.Get_rank(), node.Get_size(), library)
 
 
 class HostAllreduce:
@@ -139,5 +140,35 @@ class HostAllreduce:
         buf.set(self.host)
 
 
-def solo_allreduce(buf: Any) -> None:
-    """All-reduce over a world of one: nothing to do (the sequential reference)."""
+class NcclAllreduce:
+    """Sum a flat device buffer over all ranks with NCCL, in place, on the current stream.
+
+    The unique id travels over MPI; each rank must have a GPU of its own."""
+
+    def __init__(self, world: World, dtype: Any) -> None:
+        from cupy.cuda import nccl
+
+        uid = world.comm.bcast(nccl.get_unique_id() if world.rank == 0 else None)
+        self.nccl = nccl
+        self.comm = nccl.NcclCommunicator(world.size, uid, world.rank)
+        kinds = {np.dtype(np.float32): nccl.NCCL_FLOAT32, np.dtype(np.float64): nccl.NCCL_FLOAT64}
+        self.dtype = kinds[np.dtype(dtype)]
+
+    def __call__(self, buf: Any) -> None:
+        import cupy
+
+        stream = cupy.cuda.get_current_stream().ptr
+        self.comm.allReduce(buf.data.ptr, buf.data.ptr, buf.size, self.dtype, self.nccl.NCCL_SUM, stream)
+
+
+def make_allreduce(comm: str, world: World, on_gpu: bool, n_gpus: int, xp: Any, n: int, dtype: Any) -> Any:
+    """comm=auto: NCCL on GPUs when every rank of this node has a GPU of its own, else MPI."""
+    own_gpu = on_gpu and n_gpus >= world.local_size
+    if comm == "nccl" and not own_gpu:
+        raise ConfigError(
+            f"comm=nccl needs one GPU per rank ({world.local_size} ranks on this node, {n_gpus} GPUs); "
+            "use comm=mpi or comm=auto"
+        )
+    if world.size > 1 and (comm == "nccl" or (comm == "auto" and own_gpu)):
+        return NcclAllreduce(world, dtype)
+    return HostAllreduce(world, xp, n, dtype)

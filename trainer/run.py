@@ -5,6 +5,7 @@ data -> model -> all-reduce -> update -> record
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import sys
@@ -16,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from trainer import console, flops, metrics, model, parallel, reference, tracking
 from trainer import data as data_mod
-from trainer.backend import Backend, select
+from trainer.backend import Backend, gpu_count, select
 from trainer.clock import PhaseClock
 from trainer.config import ConfigError, config_hash, validate
 from trainer.loop import STEP_PHASES, EpochResult, Schedule, fit
@@ -34,6 +35,12 @@ def main(cfg: DictConfig, argv: list[str]) -> int:
     """Entry point: returns the process exit status. ``argv`` (the CLI's) re-creates cfg in each rank."""
     try:
         validate(cfg)
+        if cfg.tf32:  # CuPy reads it at its first matmul; the ranks inherit it
+            os.environ["CUPY_TF32"] = "1"
+        if cfg.device.value == "cpu" or gpu_count() == 0:
+            for key, gpu_only in (("step", "fused"), ("comm", "nccl")):
+                if cfg[key].value == gpu_only:
+                    raise ConfigError(f"{key}={gpu_only} needs a GPU and none is used here; set {key}=auto")
         ds = load_data(cfg)  # bad data is reported here, before any rank starts or trains
         if cfg.nproc > 1 and not parallel.launched_by_mpi():
             return parallel.run_under_mpiexec(parallel.find_mpiexec(cfg.mpi.mpiexec), cfg.nproc, argv)
@@ -138,8 +145,12 @@ def train_on_rank(
     else:  # the seeds' way: each batch is copied from pinned host memory
         x_train, y_train = _pinned(ds.x_train), _pinned(ds.y_train)
     x_test, y_test = xp.asarray(ds.x_test), xp.asarray(ds.y_test)
-    clock = PhaseClock(STEP_PHASES, gpu=backend.kind == "gpu")
-    allreduce = parallel.HostAllreduce(world, xp, layout.size + 1, params.dtype)
+    clock = PhaseClock(STEP_PHASES, gpu=backend.kind == "gpu", nvtx=cfg.profile)
+    allreduce = parallel.make_allreduce(
+        cfg.comm.value, world, backend.kind == "gpu", backend.n_devices, xp, layout.size + 1, params.dtype
+    )
+    if recorder is not None:
+        recorder.set_tags({"sweepscale.comm": type(allreduce).__name__, "sweepscale.step": step_name(cfg, backend)})
 
     def on_epoch(e: EpochResult) -> None:
         if recorder is None:
@@ -158,7 +169,10 @@ def train_on_rank(
 
     last: dict[str, float | None] = {}
     fault = cfg.fault.iteration if cfg.fault.rank == world.rank else None
-    fit(xp, layout, params, x_train, y_train, schedule, world.rank, world.size, allreduce, clock, on_epoch, fault)
+    fit(
+        xp, layout, params, x_train, y_train, schedule, world.rank, world.size, allreduce, clock, on_epoch, fault,
+        step_kind=cfg.step.value,
+    )  # fmt: skip
     if recorder is None:
         return
     final = backend.to_host(params)
@@ -185,6 +199,12 @@ def train_on_rank(
         recorder.log_npz("weights_final.npz", dict(zip(model.NAMES, layout.views(final))))
     recorder.finish("FINISHED")
     console.summary(recorder.run_id, recorder.uri, rows)
+
+
+def step_name(cfg: DictConfig, backend: Backend) -> str:
+    if cfg.step.value != "auto":
+        return cfg.step.value
+    return "fused" if backend.kind == "gpu" else "generic"
 
 
 def _pinned(a: np.ndarray) -> Any:
@@ -215,7 +235,8 @@ def record_performance(
     tflops = batch_flops / batch_s / 1e12
     recorder.metric(metrics.SAMPLES_PER_S, B / batch_s)
     recorder.metric(metrics.TFLOPS, tflops)
-    peak = cfg.perf.peak_tflops or flops.datasheet_peak_tflops(backend.device_name, cfg.dtype.value)
+    mode = "tf32" if cfg.tf32 else cfg.dtype.value
+    peak = cfg.perf.peak_tflops or flops.datasheet_peak_tflops(backend.device_name, mode)
     if peak:
         recorder.metric(metrics.UTILIZATION, tflops / (peak * nproc))
         recorder.set_tags({"sweepscale.peak_tflops_per_device": str(peak)})

@@ -1,0 +1,83 @@
+"""Shared by the GPU benchmarks: timing with CUDA events, inputs, and our step on resident data."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+D, C, REG, LR = 784, 10, 1e-4, 1e-3
+
+
+def time_ms(step: Callable[[], None], steps: int = 100, repeats: int = 7, warmup: int = 20) -> float:
+    """Median over ``repeats`` of the mean time of ``steps`` back-to-back calls, by CUDA events."""
+    import cupy as cp
+
+    for _ in range(warmup):
+        step()
+    cp.cuda.get_current_stream().synchronize()
+    samples = []
+    for _ in range(repeats):
+        start, stop = cp.cuda.Event(), cp.cuda.Event()
+        start.record()
+        for _ in range(steps):
+            step()
+        stop.record()
+        stop.synchronize()
+        samples.append(cp.cuda.get_elapsed_time(start, stop) / steps)
+    return statistics.median(samples)
+
+
+def inputs(batch: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Random pixels in [0, 1) and labels (never zeros: they hide bugs and time differently)."""
+    rng = np.random.default_rng(seed)
+    return rng.random((batch, D), dtype=np.float32), rng.integers(0, C, batch)
+
+
+def our_step(
+    kind: str, H: int, x: Any, y: Any, allreduce: Callable[[Any], None] | None = None, global_batch: int = 0
+) -> Callable[[], None]:
+    """One training step of ours on resident data (this rank's rows x, labels y), as trainer/loop.py
+    runs it; the gradient is normalised by the global batch (default: len(y))."""
+    import cupy as cp
+
+    from trainer import model
+    from trainer.steps import make_step
+
+    layout = model.Layout(D=D, H=H, C=C)
+    params = cp.asarray(model.init_params(layout, 0, "float32"))
+    gbuf = cp.empty(layout.size + 1, dtype=cp.float32)
+    step = make_step(kind, cp, layout, params, gbuf, len(y))
+    loss = cp.zeros(1, dtype=cp.float32)
+    inv_batch = 1.0 / (global_batch or len(y))
+
+    def run() -> None:
+        loss.fill(0)
+        step.forward(x, y)
+        step.backward(x, y, inv_batch)
+        if allreduce is not None:
+            allreduce(gbuf)
+        step.update(LR, REG, inv_batch, loss)
+
+    return run
+
+
+def gemms_only(H: int, x: Any) -> Callable[[], None]:
+    """The step's five GEMMs alone, on buffers of the step's shapes: the floor for its time."""
+    import cupy as cp
+
+    B = len(x)
+    W1, W2 = cp.random.random((H, D), dtype=cp.float32), cp.random.random((C, H), dtype=cp.float32)
+    a1, z2 = cp.empty((B, H), cp.float32), cp.empty((B, C), cp.float32)
+    dz1, gW1, gW2 = cp.empty((B, H), cp.float32), cp.empty((H, D), cp.float32), cp.empty((C, H), cp.float32)
+
+    def run() -> None:
+        cp.matmul(x, W1.T, out=a1)
+        cp.matmul(a1, W2.T, out=z2)
+        cp.matmul(z2.T, a1, out=gW2)
+        cp.matmul(z2, W2, out=dz1)
+        cp.matmul(dz1.T, x, out=gW1)
+
+    return run

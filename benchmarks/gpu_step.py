@@ -1,0 +1,126 @@
+"""One GPU: our training step against PyTorch (eager, CUDA graph, torch.compile) and against the
+step's GEMMs alone, for H in 512..4096, B=3200, data resident on the GPU.
+
+    python benchmarks/gpu_step.py             # FP32, then TF32 in a fresh process (CUPY_TF32=1)
+
+Prints ms per step and the ratios the targets speak of (issue #4): PyTorch CUDA graph / ours
+(want >= 1.5) and ours / GEMMs alone (want <= 1.25).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the project, when run from a checkout
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from gpu_common import LR, REG, C, D, gemms_only, inputs, our_step, time_ms
+
+HIDDEN = (512, 1024, 2048, 4096)
+BATCH = 3200
+
+
+def torch_steps(H: int, xh, yh, tf32: bool, compile_: bool) -> dict[str, float]:
+    import torch
+    import torch.nn.functional as F
+
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    dev = torch.device("cuda")
+    x, y = torch.from_numpy(xh).to(dev), torch.from_numpy(yh).to(dev)
+    g = torch.Generator(device="cpu").manual_seed(0)
+    W1 = (torch.randn(H, D, generator=g) / D**0.5).to(dev).requires_grad_()
+    W2 = (torch.randn(C, H, generator=g) / H**0.5).to(dev).requires_grad_()
+    b1, b2 = torch.zeros(H, device=dev, requires_grad=True), torch.zeros(C, device=dev, requires_grad=True)
+    opt = torch.optim.SGD([{"params": [W1, W2], "weight_decay": REG}, {"params": [b1, b2]}], lr=LR)
+
+    def loss_fn(x, y):
+        a1 = torch.sigmoid(F.linear(x, W1, b1))
+        return F.cross_entropy(F.linear(a1, W2, b2), y)
+
+    def eager() -> None:
+        opt.zero_grad(set_to_none=False)
+        loss_fn(x, y).backward()
+        opt.step()
+
+    out = {"torch eager": time_ms(eager)}
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            eager()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    opt.zero_grad(set_to_none=True)
+    with torch.cuda.graph(graph):
+        loss_fn(x, y).backward()
+        opt.step()
+    out["torch graph"] = time_ms(graph.replay)
+
+    if compile_:
+        try:
+            compiled = torch.compile(loss_fn)
+
+            def step_compiled() -> None:
+                opt.zero_grad(set_to_none=False)
+                compiled(x, y).backward()
+                opt.step()
+
+            out["torch.compile"] = time_ms(step_compiled)
+        except Exception as e:  # report, don't hide: the table says why it is missing
+            print(f"torch.compile failed at H={H}: {type(e).__name__}: {str(e)[:200]}", file=sys.stderr)
+    return out
+
+
+def measure(tf32: bool, compile_: bool) -> list[dict]:
+    import cupy as cp
+
+    xh, yh = inputs(BATCH)
+    x, y = cp.asarray(xh), cp.asarray(yh)
+    rows = []
+    for H in HIDDEN:
+        row = {"H": H, "mode": "TF32" if tf32 else "FP32"}
+        row["ours fused"] = time_ms(our_step("fused", H, x, y))
+        row["ours generic"] = time_ms(our_step("generic", H, x, y))
+        row["GEMMs alone"] = time_ms(gemms_only(H, x))
+        row.update(torch_steps(H, xh, yh, tf32, compile_))
+        rows.append(row)
+    return rows
+
+
+def print_table(rows: list[dict]) -> None:
+    cols = ["ours fused", "ours generic", "GEMMs alone", "torch eager", "torch graph", "torch.compile"]
+    print(f"{'mode':5s} {'H':>5s} " + " ".join(f"{c:>13s}" for c in cols) + "  graph/ours ours/GEMMs")
+    for r in rows:
+        cells = " ".join(f"{r[c]:13.3f}" if c in r else f"{'n/a':>13s}" for c in cols)
+        print(
+            f"{r['mode']:5s} {r['H']:5d} {cells}  {r['torch graph'] / r['ours fused']:10.2f} "
+            f"{r['ours fused'] / r['GEMMs alone']:10.2f}"
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--mode", choices=["fp32", "tf32"], help="one mode in this process (internal)")
+    parser.add_argument("--no-compile", action="store_true")
+    args = parser.parse_args()
+    if args.mode:
+        print("JSON " + json.dumps(measure(args.mode == "tf32", not args.no_compile)))
+        return
+    rows = []
+    for mode in ("fp32", "tf32"):  # CuPy reads CUPY_TF32 once: a fresh process per mode
+        env = {**os.environ, "CUPY_TF32": "1" if mode == "tf32" else "0"}
+        cmd = [sys.executable, __file__, "--mode", mode] + (["--no-compile"] if args.no_compile else [])
+        out = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        sys.stderr.write(out.stderr[-3000:])
+        rows += json.loads(next(line[5:] for line in out.stdout.splitlines() if line.startswith("JSON ")))
+    print_table(rows)
+
+
+if __name__ == "__main__":
+    main()
