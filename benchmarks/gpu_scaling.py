@@ -1,0 +1,82 @@
+"""Data-parallel scaling of our fused step over 1, 2 and 4 GPUs of one host, NCCL against the
+seeds' host-staged MPI all-reduce. H=2048.
+
+    python benchmarks/gpu_scaling.py              # launches mpiexec -n 1, 2, 4 itself
+
+weak:   3200 samples per GPU (the global batch grows); efficiency = t(1) / t(P)
+strong: global batch 12800 split over the GPUs;     speedup    = t(1) / t(P)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+H = 2048
+CASES = [("weak", "FP32", 3200), ("strong", "FP32", 12800), ("strong", "TF32", 12800)]
+
+
+def worker(args: argparse.Namespace) -> None:
+    import cupy as cp
+    from gpu_common import inputs, our_step, time_ms
+
+    from trainer import model, parallel
+    from trainer.loop import local_rows
+
+    world = parallel.join_world(args.nproc)
+    cp.cuda.Device(world.local_rank % cp.cuda.runtime.getDeviceCount()).use()
+    global_batch = args.batch * args.nproc if args.kind == "weak" else args.batch
+    lo, hi = local_rows(global_batch, world.size, world.rank)
+    xh, yh = inputs(hi - lo, seed=world.rank)
+    n = model.Layout(D=784, H=H).size + 1
+    allreduce = parallel.make_allreduce(args.comm, world, True, cp.cuda.runtime.getDeviceCount(), cp, n, cp.float32)
+    step = our_step("fused", H, cp.asarray(xh), cp.asarray(yh), allreduce if world.size > 1 else None, global_batch)
+    ms = time_ms(step)
+    if world.rank == 0:
+        print("JSON " + json.dumps({"ms": ms, "comm": type(allreduce).__name__}), flush=True)
+
+
+def run(nproc: int, kind: str, mode: str, batch: int, comm: str) -> float:
+    from trainer import parallel
+
+    env = {**parallel.mpiexec_env(), "CUPY_TF32": "1" if mode == "TF32" else "0"}
+    cmd = [parallel.find_mpiexec(None), "-n", str(nproc), sys.executable, __file__, "--worker",
+           "--nproc", str(nproc), "--kind", kind, "--batch", str(batch), "--comm", comm]  # fmt: skip
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    lines = [line for line in out.stdout.splitlines() if line.startswith("JSON ")]
+    if out.returncode or not lines:
+        sys.stderr.write(out.stdout[-2000:] + out.stderr[-2000:])
+        return float("nan")
+    return json.loads(lines[0][5:])["ms"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--worker", action="store_true")
+    parser.add_argument("--nproc", type=int, default=1)
+    parser.add_argument("--kind", default="weak")
+    parser.add_argument("--batch", type=int, default=3200)
+    parser.add_argument("--comm", default="nccl")
+    parser.add_argument("--gpus", type=int, nargs="+", default=[1, 2, 4])
+    args = parser.parse_args()
+    if args.worker:
+        worker(args)
+        return
+    print(f"{'case':15s} {'comm':5s} " + " ".join(f"{f'{p} GPU ms':>10s}" for p in args.gpus) + "   ratio t1/tP")
+    for kind, mode, batch in CASES:
+        base = run(1, kind, mode, batch, "mpi")
+        for comm in ("nccl", "mpi"):
+            times = [base] + [run(p, kind, mode, batch, comm) for p in args.gpus[1:]]
+            ratios = " ".join(f"{base / t:6.2f}" for t in times[1:])
+            print(f"{kind + ' ' + mode:15s} {comm:5s} " + " ".join(f"{t:10.3f}" for t in times) + f"   {ratios}")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
