@@ -16,6 +16,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the project, when run from a checkout
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -82,6 +84,8 @@ def measure(tf32: bool, compile_: bool) -> list[dict]:
 
     xh, yh = inputs(BATCH)
     x, y = cp.asarray(xh), cp.asarray(yh)
+    for name, ms in breakdown(2048).items():
+        print(f"breakdown {'TF32' if tf32 else 'FP32'} H=2048 {name:24s} {ms * 1e3:8.1f} us", file=sys.stderr)
     rows = []
     for H in HIDDEN:
         row = {"H": H, "mode": "TF32" if tf32 else "FP32"}
@@ -91,6 +95,42 @@ def measure(tf32: bool, compile_: bool) -> list[dict]:
         row.update(torch_steps(H, xh, yh, tf32, compile_))
         rows.append(row)
     return rows
+
+
+def breakdown(H: int) -> dict[str, float]:
+    """GPU time of each launch of our fused step, each timed alone (H, B=3200)."""
+    import cupy as cp
+
+    from trainer import model
+    from trainer.steps import FusedStep
+
+    xh, yh = inputs(BATCH)
+    x, y = cp.asarray(xh), cp.asarray(yh)
+    layout = model.Layout(D=D, H=H, C=C)
+    params = cp.asarray(model.init_params(layout, 0, "float32"))
+    gbuf = cp.zeros(layout.size + 1, dtype=cp.float32)
+    s = FusedStep(layout, params, gbuf, BATCH)
+    s.forward(x, y)
+    p, g, a1, z2, dz1, gemm = s.p, s.g, s.a1, s.z2, s.dz1, s.gemm
+    loss = cp.zeros(1, dtype=cp.float32)
+    ops = {
+        "GEMM z1 = X W1^T": lambda: gemm(x, p.W1, a1, tb=True),
+        "bias + sigmoid": lambda: s._bias_sigmoid(p.b1, H, a1),
+        "GEMM z2 = a1 W2^T": lambda: gemm(a1, p.W2, z2, tb=True),
+        "softmax + xent grad": lambda: s._softmax(
+            (min(-(-BATCH // s.SOFTMAX_THREADS), s.softmax_blocks),),
+            (s.SOFTMAX_THREADS,),
+            (z2, p.b2, y, np.int32(BATCH), np.float32(1 / BATCH), gbuf[-1:], g.b2),
+        ),
+        "GEMM dW2 = dz2^T a1": lambda: gemm(z2, a1, g.W2, ta=True),
+        "GEMM da1 = dz2 W2": lambda: gemm(z2, p.W2, dz1),
+        "sigmoid grad": lambda: s._sigmoid_grad(a1, dz1),
+        "GEMV db1": lambda: gemm(s.ones.reshape(1, -1), dz1, g.b1.reshape(1, -1)),
+        "GEMM dW1 = dz1^T X": lambda: gemm(dz1, x, g.W1, ta=True),
+        "SGD + L2 update": lambda: s.update(LR, REG, 1 / BATCH, loss),
+        "whole step": lambda: (s.forward(x, y), s.backward(x, y, 1 / BATCH), s.update(LR, REG, 1 / BATCH, loss)),
+    }
+    return {name: time_ms(op) for name, op in ops.items()}
 
 
 def print_table(rows: list[dict]) -> None:
@@ -117,7 +157,7 @@ def main() -> None:
         env = {**os.environ, "CUPY_TF32": "1" if mode == "tf32" else "0"}
         cmd = [sys.executable, __file__, "--mode", mode] + (["--no-compile"] if args.no_compile else [])
         out = subprocess.run(cmd, env=env, capture_output=True, text=True)
-        sys.stderr.write(out.stderr[-3000:])
+        sys.stderr.write(out.stderr[-6000:])
         rows += json.loads(next(line[5:] for line in out.stdout.splitlines() if line.startswith("JSON ")))
     print_table(rows)
 

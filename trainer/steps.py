@@ -3,8 +3,8 @@ then, after the all-reduce, the update. Two implementations of the same math:
 
 - GenericStep: model.py's functions, NumPy or CuPy, one array op per kernel. The readable
   reference, and what the CPU ranks and the sequential check run.
-- FusedStep (CuPy only): the GEMMs through cuBLAS into preallocated buffers, and everything else
-  in four fused kernels: bias+sigmoid, softmax+cross-entropy gradient (with the loss and db2),
+- FusedStep (CuPy only): the GEMMs straight through cuBLAS into preallocated buffers, and
+  everything else in four fused kernels: bias+sigmoid, softmax+cross-entropy gradient (with the loss and db2),
   sigmoid gradient, and SGD+L2 update (with the L2 penalty of the loss). No host
   synchronisation anywhere in the step.
 """
@@ -40,12 +40,13 @@ _KERNELS = r"""
 #define C NCLASSES
 extern "C" __global__ void softmax_xent_grad(T* z, const T* b2, const long long* y, const int n,
                                              const T scale, T* ce_sum, T* db2) {
-    // One block: n rows of C logits. z <- (softmax(z + b2) - onehot(y)) * scale, in place;
-    // ce_sum[0] <- sum of cross-entropies; db2 <- column sums of the new z.
+    // n rows of C logits. z <- (softmax(z + b2) - onehot(y)) * scale, in place; each block adds
+    // its rows' cross-entropies to ce_sum[0] and its column sums of the new z to db2 (both zeroed
+    // by the caller).
     T acc[C];
     T loss = 0;
     for (int c = 0; c < C; ++c) acc[c] = 0;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
         T* row = z + (long long)i * C;
         T v[C];
         T m = row[0] + b2[0];
@@ -74,7 +75,7 @@ extern "C" __global__ void softmax_xent_grad(T* z, const T* b2, const long long*
     if (threadIdx.x <= C) {
         T total = 0;
         for (int w = 0; w < (blockDim.x + 31) / 32; ++w) total += part[w][threadIdx.x];
-        if (threadIdx.x == C) ce_sum[0] = total; else db2[threadIdx.x] = total;
+        atomicAdd(threadIdx.x == C ? ce_sum : db2 + threadIdx.x, total);
     }
 }
 
@@ -144,7 +145,7 @@ class Gemm:
 
 
 class FusedStep:
-    """The same step in 5 GEMMs, 1 GEMV and 4 fused kernels, on preallocated buffers."""
+    """The same step in 6 cuBLAS calls, 4 fused kernels and a memset, on preallocated buffers."""
 
     UPDATE_THREADS = 256
     SOFTMAX_THREADS = 256  # 1024 runs out of registers in float64
@@ -174,6 +175,7 @@ class FusedStep:
         n = layout.size
         sm = cp.cuda.Device().attributes["MultiProcessorCount"]
         self.update_blocks = min(-(-n // self.UPDATE_THREADS), 8 * sm)
+        self.softmax_blocks = sm
         w1_end, w2_begin = H * layout.D, H * layout.D + H  # weights: [0, w1_end) and [w2_begin, w2_end)
         self.bounds = tuple(np.int64(v) for v in (n, w1_end, w2_begin, w2_begin + C * H))
 
@@ -187,8 +189,11 @@ class FusedStep:
     def backward(self, x: Any, y: Any, scale: float) -> None:
         n, g, gemm = len(x), self.g, self.gemm
         a1, dz2, dz1 = self.a1[:n], self.z2[:n], self.dz1[:n]
+        tail = self.gbuf[-(self.layout.C + 1) :]  # db2 and the loss slot, next to each other
+        self.cp.cuda.runtime.memsetAsync(tail.data.ptr, 0, tail.nbytes, self.cp.cuda.get_current_stream().ptr)
+        blocks = min(-(-n // self.SOFTMAX_THREADS), self.softmax_blocks)
         self._softmax(
-            (1,), (self.SOFTMAX_THREADS,),
+            (blocks,), (self.SOFTMAX_THREADS,),
             (dz2, self.p.b2, y, np.int32(n), self.scalar(scale), self.gbuf[-1:], g.b2),
         )  # fmt: skip
         gemm(dz2, a1, g.W2, ta=True)  # dW2 = dz2^T a1
