@@ -39,11 +39,12 @@ def inputs(batch: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
 def our_step(
     kind: str, H: int, x: Any, y: Any, allreduce: Callable[[Any], None] | None = None, global_batch: int = 0
 ) -> Callable[[], None]:
-    """One training step of ours on resident data (this rank's rows x, labels y), as trainer/loop.py
-    runs it; the gradient is normalised by the global batch (default: len(y))."""
+    """One training step of ours on resident data (this rank's rows x, labels y), exactly as
+    trainer/loop.py runs it; the gradient is normalised by the global batch (default: len(y))."""
     import cupy as cp
 
     from trainer import model
+    from trainer.loop import Schedule, sgd_step
     from trainer.steps import make_step
 
     layout = model.Layout(D=D, H=H, C=C)
@@ -51,15 +52,11 @@ def our_step(
     gbuf = cp.empty(layout.size + 1, dtype=cp.float32)
     step = make_step(kind, cp, layout, params, gbuf, len(y))
     loss = cp.zeros(1, dtype=cp.float32)
-    inv_batch = 1.0 / (global_batch or len(y))
+    schedule = Schedule(batch_size=global_batch or len(y), lr=LR, reg=REG, epochs=1)
 
     def run() -> None:
         loss.fill(0)
-        step.forward(x, y)
-        step.backward(x, y, inv_batch)
-        if allreduce is not None:
-            allreduce(gbuf)
-        step.update(LR, REG, inv_batch, loss)
+        sgd_step(step, x, y, schedule.batch_size, gbuf, allreduce, schedule, loss)
 
     return run
 

@@ -65,6 +65,46 @@ class InjectedFaultError(RuntimeError):
     """Raised on purpose (config ``fault.*``) to exercise the failure path of runs and sweeps."""
 
 
+def sgd_step(
+    step: Any,
+    xb: Any,
+    yb: Any,
+    global_rows: int,
+    gbuf: Any,
+    allreduce: Callable[[Any], None] | None,
+    schedule: Schedule,
+    loss_out: Any,
+    clock: PhaseClock | None = None,
+) -> None:
+    """forward -> backward -> all-reduce -> update for this rank's rows of one global batch.
+
+    The fused step with NCCL reduces its gradient while computing it (a side stream); then the
+    all-reduce phase is only the wait for what is left of it."""
+    overlap = allreduce if hasattr(allreduce, "start") and hasattr(step, "DW1_CHUNKS") else None
+    has_rows = len(yb) > 0
+    if has_rows:
+        step.forward(xb, yb)
+    if clock:
+        clock.mark()
+    if not has_rows:  # a short last batch can leave a rank without samples
+        gbuf.fill(0)
+    elif overlap is not None:
+        step.backward(xb, yb, 1.0 / global_rows, overlap)
+    else:
+        step.backward(xb, yb, 1.0 / global_rows)
+    if clock:
+        clock.mark()
+    if overlap is not None and has_rows:
+        overlap.finish()
+    elif allreduce is not None:
+        allreduce(gbuf)
+    if clock:
+        clock.mark()
+    step.update(schedule.lr, schedule.reg, 1.0 / global_rows, loss_out)
+    if clock:
+        clock.mark()
+
+
 def fit(
     xp: Any,
     layout: model.Layout,
@@ -114,23 +154,7 @@ def fit(
                 clock.mark()
             if fault_iteration is not None and iteration == fault_iteration:
                 raise InjectedFaultError(f"fault injected on rank {rank} at iteration {iteration} (config fault.*)")
-            if hi > lo:
-                step.forward(xb, yb)
-            if clock:
-                clock.mark()
-            if hi > lo:
-                step.backward(xb, yb, 1.0 / (stop - start))
-            else:  # a short last batch can leave a rank without samples
-                gbuf.fill(0)
-            if clock:
-                clock.mark()
-            if allreduce is not None:
-                allreduce(gbuf)
-            if clock:
-                clock.mark()
-            step.update(schedule.lr, schedule.reg, 1.0 / (stop - start), losses[b : b + 1])
-            if clock:
-                clock.mark()
+            sgd_step(step, xb, yb, stop - start, gbuf, allreduce, schedule, losses[b : b + 1], clock)
             sizes[b] = stop - start
             iteration += 1
         host_losses = losses.get() if xp is not np else losses  # waits for the epoch's work

@@ -11,6 +11,7 @@ then, after the all-reduce, the update. Two implementations of the same math:
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import numpy as np
@@ -128,13 +129,15 @@ class Gemm:
             cublas.setMathMode(self.handle, getattr(cublas, "CUBLAS_TF32_TENSOR_OP_MATH", 3))
 
     def __call__(self, a: Any, b: Any, out: Any, ta: bool = False, tb: bool = False) -> None:
+        """a and b: rows contiguous (a column slice of a C-contiguous array is fine); out: C-contiguous."""
         m, n = out.shape
         k = a.shape[0] if ta else a.shape[1]
         op = {False: self.cublas.CUBLAS_OP_N, True: self.cublas.CUBLAS_OP_T}
         self.cublas.setStream(self.handle, self._stream())
+        lda, ldb = a.strides[0] // a.itemsize, b.strides[0] // b.itemsize  # column slices keep their row stride
         self.fn(
-            self.handle, op[tb], op[ta], n, m, k, self.one.ctypes.data, b.data.ptr, b.shape[1],
-            a.data.ptr, a.shape[1], self.zero.ctypes.data, out.data.ptr, n,
+            self.handle, op[tb], op[ta], n, m, k, self.one.ctypes.data, b.data.ptr, ldb,
+            a.data.ptr, lda, self.zero.ctypes.data, out.data.ptr, n,
         )  # fmt: skip
 
     @staticmethod
@@ -186,7 +189,12 @@ class FusedStep:
         self._bias_sigmoid(self.p.b1, self.layout.H, a1)  # a1 = sigmoid(z1 + b1)
         gemm(a1, self.p.W2, self.z2[:n], tb=True)  # z2 = a1 W2^T (b2 is added in the softmax)
 
-    def backward(self, x: Any, y: Any, scale: float) -> None:
+    DW1_CHUNKS = 4  # dW1 is computed and all-reduced in this many pieces, overlapping each other
+
+    def backward(self, x: Any, y: Any, scale: float, comm: Any = None) -> None:
+        """With ``comm`` (an all-reduce with start/finish), the gradient is reduced while it is
+        computed: first everything but dW1, then dW1 in chunks of rows, each sent as soon as its
+        GEMM is queued; the caller's finish() waits for the last."""
         n, g, gemm = len(x), self.g, self.gemm
         a1, dz2, dz1 = self.a1[:n], self.z2[:n], self.dz1[:n]
         tail = self.gbuf[-(self.layout.C + 1) :]  # db2 and the loss slot, next to each other
@@ -200,7 +208,15 @@ class FusedStep:
         gemm(dz2, self.p.W2, dz1)  # da1 = dz2 W2
         self._sigmoid_grad(a1, dz1)  # dz1 = da1 a1 (1 - a1)
         gemm(self.ones[:n].reshape(1, -1), dz1, g.b1.reshape(1, -1))  # db1 = column sums of dz1
-        gemm(dz1, x, g.W1, ta=True)  # dW1 = dz1^T X
+        if comm is None:
+            gemm(dz1, x, g.W1, ta=True)  # dW1 = dz1^T X
+            return
+        H, D = self.layout.H, self.layout.D
+        comm.start(self.gbuf[H * D :])  # b1, W2, b2 and the loss
+        bounds = np.linspace(0, H, self.DW1_CHUNKS + 1).astype(int)
+        for h0, h1 in itertools.pairwise(bounds):
+            gemm(dz1[:, h0:h1], x, g.W1[h0:h1], ta=True)
+            comm.start(self.gbuf[h0 * D : h1 * D])
 
     def update(self, lr: float, reg: float, inv_batch: float, loss_out: Any) -> None:
         s = self.scalar
