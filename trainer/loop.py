@@ -86,15 +86,15 @@ def sgd_step(
         step.forward(xb, yb)
     if clock:
         clock.mark()
-    if not has_rows:  # a short last batch can leave a rank without samples
-        gbuf.fill(0)
-    elif overlap is not None:
+    if overlap is not None:  # also without rows: every rank must issue the same reductions
         step.backward(xb, yb, 1.0 / global_rows, overlap)
-    else:
+    elif has_rows:
         step.backward(xb, yb, 1.0 / global_rows)
+    else:  # a short last batch can leave a rank without samples
+        gbuf.fill(0)
     if clock:
         clock.mark()
-    if overlap is not None and has_rows:
+    if overlap is not None:
         overlap.finish()
     elif allreduce is not None:
         allreduce(gbuf)

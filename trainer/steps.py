@@ -196,6 +196,10 @@ class FusedStep:
         computed: first everything but dW1, then dW1 in chunks of rows, each sent as soon as its
         GEMM is queued; the caller's finish() waits for the last."""
         n, g, gemm = len(x), self.g, self.gemm
+        if n == 0:  # no rows of this batch here: a zero gradient, but the same reductions as the others
+            self.gbuf.fill(0)
+            self._reduce_dw1_in_chunks(None, x, comm)
+            return
         a1, dz2, dz1 = self.a1[:n], self.z2[:n], self.dz1[:n]
         tail = self.gbuf[-(self.layout.C + 1) :]  # db2 and the loss slot, next to each other
         self.cp.cuda.runtime.memsetAsync(tail.data.ptr, 0, tail.nbytes, self.cp.cuda.get_current_stream().ptr)
@@ -210,12 +214,18 @@ class FusedStep:
         gemm(self.ones[:n].reshape(1, -1), dz1, g.b1.reshape(1, -1))  # db1 = column sums of dz1
         if comm is None:
             gemm(dz1, x, g.W1, ta=True)  # dW1 = dz1^T X
-            return
+        else:
+            self._reduce_dw1_in_chunks(dz1, x, comm)
+
+    def _reduce_dw1_in_chunks(self, dz1: Any, x: Any, comm: Any) -> None:
+        """Send b1, W2, b2 and the loss, then compute dW1 = dz1^T X in chunks of rows and send each.
+        Every rank issues the same reductions in the same order, rows or not (dz1 None: none)."""
         H, D = self.layout.H, self.layout.D
-        comm.start(self.gbuf[H * D :])  # b1, W2, b2 and the loss
+        comm.start(self.gbuf[H * D :])
         bounds = np.linspace(0, H, self.DW1_CHUNKS + 1).astype(int)
         for h0, h1 in itertools.pairwise(bounds):
-            gemm(dz1[:, h0:h1], x, g.W1[h0:h1], ta=True)
+            if dz1 is not None:
+                self.gemm(dz1[:, h0:h1], x, self.g.W1[h0:h1], ta=True)
             comm.start(self.gbuf[h0 * D : h1 * D])
 
     def update(self, lr: float, reg: float, inv_batch: float, loss_out: Any) -> None:
