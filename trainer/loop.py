@@ -76,27 +76,18 @@ def sgd_step(
     loss_out: Any,
     clock: PhaseClock | None = None,
 ) -> None:
-    """forward -> backward -> all-reduce -> update for this rank's rows of one global batch.
-
-    The fused step with NCCL reduces its gradient while computing it (a side stream); then the
-    all-reduce phase is only the wait for what is left of it."""
-    overlap = allreduce if hasattr(allreduce, "start") and hasattr(step, "DW1_CHUNKS") else None
-    has_rows = len(yb) > 0
-    if has_rows:
+    """forward -> backward -> all-reduce -> update for this rank's rows of one global batch."""
+    if len(yb):
         step.forward(xb, yb)
     if clock:
         clock.mark()
-    if overlap is not None:  # also without rows: every rank must issue the same reductions
-        step.backward(xb, yb, 1.0 / global_rows, overlap)
-    elif has_rows:
+    if len(yb):
         step.backward(xb, yb, 1.0 / global_rows)
     else:  # a short last batch can leave a rank without samples
         gbuf.fill(0)
     if clock:
         clock.mark()
-    if overlap is not None:
-        overlap.finish()
-    elif allreduce is not None:
+    if allreduce is not None:
         allreduce(gbuf)
     if clock:
         clock.mark()

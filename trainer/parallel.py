@@ -154,26 +154,11 @@ class NcclAllreduce:
         kinds = {np.dtype(np.float32): nccl.NCCL_FLOAT32, np.dtype(np.float64): nccl.NCCL_FLOAT64}
         self.dtype = kinds[np.dtype(dtype)]
 
+    def __call__(self, buf: Any) -> None:
         import cupy
 
-        self.cupy = cupy
-        self.stream = cupy.cuda.Stream(non_blocking=True)  # reductions run beside the compute stream
-        self.ready, self.done = cupy.cuda.Event(disable_timing=True), cupy.cuda.Event(disable_timing=True)
-
-    def start(self, buf: Any) -> None:
-        """Queue the in-place sum of ``buf`` once the work queued so far on this stream is done."""
-        self.ready.record()
-        self.stream.wait_event(self.ready)
-        self.comm.allReduce(buf.data.ptr, buf.data.ptr, buf.size, self.dtype, self.nccl.NCCL_SUM, self.stream.ptr)
-
-    def finish(self) -> None:
-        """Make the compute stream wait for every reduction started (no host synchronisation)."""
-        self.done.record(self.stream)
-        self.cupy.cuda.get_current_stream().wait_event(self.done)
-
-    def __call__(self, buf: Any) -> None:
-        self.start(buf)
-        self.finish()
+        stream = cupy.cuda.get_current_stream().ptr
+        self.comm.allReduce(buf.data.ptr, buf.data.ptr, buf.size, self.dtype, self.nccl.NCCL_SUM, stream)
 
 
 def make_allreduce(comm: str, world: World, on_gpu: bool, n_gpus: int, xp: Any, n: int, dtype: Any) -> Any:

@@ -11,7 +11,6 @@ then, after the all-reduce, the update. Two implementations of the same math:
 
 from __future__ import annotations
 
-import itertools
 from typing import Any
 
 import numpy as np
@@ -189,17 +188,8 @@ class FusedStep:
         self._bias_sigmoid(self.p.b1, self.layout.H, a1)  # a1 = sigmoid(z1 + b1)
         gemm(a1, self.p.W2, self.z2[:n], tb=True)  # z2 = a1 W2^T (b2 is added in the softmax)
 
-    DW1_CHUNKS = 4  # dW1 is computed and all-reduced in this many pieces, overlapping each other
-
-    def backward(self, x: Any, y: Any, scale: float, comm: Any = None) -> None:
-        """With ``comm`` (an all-reduce with start/finish), the gradient is reduced while it is
-        computed: first everything but dW1, then dW1 in chunks of rows, each sent as soon as its
-        GEMM is queued; the caller's finish() waits for the last."""
+    def backward(self, x: Any, y: Any, scale: float) -> None:
         n, g, gemm = len(x), self.g, self.gemm
-        if n == 0:  # no rows of this batch here: a zero gradient, but the same reductions as the others
-            self.gbuf.fill(0)
-            self._reduce_dw1_in_chunks(None, x, comm)
-            return
         a1, dz2, dz1 = self.a1[:n], self.z2[:n], self.dz1[:n]
         tail = self.gbuf[-(self.layout.C + 1) :]  # db2 and the loss slot, next to each other
         self.cp.cuda.runtime.memsetAsync(tail.data.ptr, 0, tail.nbytes, self.cp.cuda.get_current_stream().ptr)
@@ -212,21 +202,7 @@ class FusedStep:
         gemm(dz2, self.p.W2, dz1)  # da1 = dz2 W2
         self._sigmoid_grad(a1, dz1)  # dz1 = da1 a1 (1 - a1)
         gemm(self.ones[:n].reshape(1, -1), dz1, g.b1.reshape(1, -1))  # db1 = column sums of dz1
-        if comm is None:
-            gemm(dz1, x, g.W1, ta=True)  # dW1 = dz1^T X
-        else:
-            self._reduce_dw1_in_chunks(dz1, x, comm)
-
-    def _reduce_dw1_in_chunks(self, dz1: Any, x: Any, comm: Any) -> None:
-        """Send b1, W2, b2 and the loss, then compute dW1 = dz1^T X in chunks of rows and send each.
-        Every rank issues the same reductions in the same order, rows or not (dz1 None: none)."""
-        H, D = self.layout.H, self.layout.D
-        comm.start(self.gbuf[H * D :])
-        bounds = np.linspace(0, H, self.DW1_CHUNKS + 1).astype(int)
-        for h0, h1 in itertools.pairwise(bounds):
-            if dz1 is not None:
-                self.gemm(dz1[:, h0:h1], x, self.g.W1[h0:h1], ta=True)
-            comm.start(self.gbuf[h0 * D : h1 * D])
+        gemm(dz1, x, g.W1, ta=True)  # dW1 = dz1^T X
 
     def update(self, lr: float, reg: float, inv_batch: float, loss_out: Any) -> None:
         s = self.scalar
