@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU acceptance run of the trainer (issue #2) on a lent GPU machine, in one call:
+# The GPU acceptance run of the trainer on a lent GPU machine, in one call:
 #   GPU tests, then the CPU-vs-GPU weight errors on full MNIST in float32 and float64.
 # Expects: Python packages missing there as wheels in .whl/, full MNIST in .device/mnist/,
 # and $OUT (where results are written). See BENCHMARKS.md for the call.
