@@ -181,6 +181,9 @@ def collect(
         else:
             error = finished.get(p.index)
             status = run.info.status if run is not None else ("FAILED" if error else "FINISHED")
+            if status == "RUNNING":  # the job ended before its trainer could end the run: say how
+                status = "KILLED" if "CANCELLED" in str(error) else "FAILED"
+                record.client.set_terminated(run.info.run_id, status)
             if error is not None and status == "FINISHED":
                 status = "FAILED"
             text = ""

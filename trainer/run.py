@@ -28,6 +28,9 @@ class Terminated(BaseException):
 
 
 def _raise_terminated(_signum: int, _frame: Any) -> None:
+    # Once: Slurm signals every process of the step, so a second SIGTERM (from the job's wrapper)
+    # must not interrupt the recording of the first.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     raise Terminated("terminated by SIGTERM")
 
 
