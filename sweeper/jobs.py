@@ -92,8 +92,8 @@ class LocalRunner:
 
     def start(self, queued: list[Point]) -> list[tuple[Point, Any]]:
         started = []
-        for p in [p for p in queued if self._fits(p)]:
-            if not self._fits(p):  # an earlier start in this round took the room
+        for p in list(queued):  # in order; a point that does not fit now waits for a release
+            if not self._fits(p):
                 continue
             env = {}
             if p.shape.gpus_per_task:

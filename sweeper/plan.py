@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -117,7 +116,3 @@ def plan(points: list[Point], launcher: DictConfig) -> dict[Shape, list[Point]]:
         p.config_hash = config_hash(p.trainer)
         groups.setdefault(p.shape, []).append(p)
     return groups
-
-
-def safe_name(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.=,-]+", "_", text)[:120]

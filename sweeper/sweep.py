@@ -17,7 +17,6 @@ from sweeper import display, jobs
 from sweeper.plan import Point, plan
 from sweeper.records import SweepRecord, absolute_uri
 from trainer import data, metrics, tracking
-from trainer.config import ConfigError
 
 
 def check_data(points: list[Point]) -> None:
@@ -204,6 +203,3 @@ def _last_lines(path: str, n: int = 5) -> str:
     except OSError:
         return ""
     return "\n".join(text.split("submitit ERROR")[0].strip().splitlines()[-n:])
-
-
-__all__ = ["ConfigError", "run_sweep"]

@@ -19,10 +19,6 @@ class Backend:
     versions: dict[str, str] = field(default_factory=dict)
     n_devices: int = 0  # GPUs visible to this process
 
-    def synchronize(self) -> None:
-        if self.kind == "gpu":
-            self.xp.cuda.get_current_stream().synchronize()
-
     def to_host(self, a: Any) -> np.ndarray:
         return a.get() if self.kind == "gpu" else np.asarray(a)
 

@@ -120,8 +120,9 @@ class Gemm:
         import cupy as cp
         from cupy_backends.cuda.libs import cublas
 
-        self.cublas = cublas
+        self.cublas, self.cupy = cublas, cp
         self.handle = cp.cuda.device.get_cublas_handle()
+        self.op = {False: cublas.CUBLAS_OP_N, True: cublas.CUBLAS_OP_T}
         self.fn = cublas.sgemm if np.dtype(dtype) == np.float32 else cublas.dgemm
         self.one, self.zero = np.ones(1, dtype=dtype), np.zeros(1, dtype=dtype)
         if os.environ.get("CUPY_TF32") == "1" and np.dtype(dtype) == np.float32:
@@ -131,19 +132,13 @@ class Gemm:
         """a and b: rows contiguous (a column slice of a C-contiguous array is fine); out: C-contiguous."""
         m, n = out.shape
         k = a.shape[0] if ta else a.shape[1]
-        op = {False: self.cublas.CUBLAS_OP_N, True: self.cublas.CUBLAS_OP_T}
-        self.cublas.setStream(self.handle, self._stream())
+        op = self.op
+        self.cublas.setStream(self.handle, self.cupy.cuda.get_current_stream().ptr)
         lda, ldb = a.strides[0] // a.itemsize, b.strides[0] // b.itemsize  # column slices keep their row stride
         self.fn(
             self.handle, op[tb], op[ta], n, m, k, self.one.ctypes.data, b.data.ptr, ldb,
             a.data.ptr, lda, self.zero.ctypes.data, out.data.ptr, n,
         )  # fmt: skip
-
-    @staticmethod
-    def _stream() -> int:
-        import cupy as cp
-
-        return cp.cuda.get_current_stream().ptr
 
 
 class FusedStep:
