@@ -37,10 +37,17 @@ def inputs(batch: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
 
 
 def our_step(
-    kind: str, H: int, x: Any, y: Any, allreduce: Callable[[Any], None] | None = None, global_batch: int = 0
+    kind: str,
+    H: int,
+    x: Any,
+    y: Any,
+    allreduce: Callable[[Any], None] | None = None,
+    global_batch: int = 0,
+    gemm: str = "sgemm",
 ) -> Callable[[], None]:
     """One training step of ours on resident data (this rank's rows x, labels y), exactly as
-    trainer/loop.py runs it; the gradient is normalised by the global batch (default: len(y))."""
+    trainer/loop.py runs it; the gradient is normalised by the global batch (default: len(y)).
+    ``gemm``: how the fused step's GEMMs run (sgemm, tf32, tf32x3)."""
     import cupy as cp
 
     from trainer import model
@@ -50,7 +57,7 @@ def our_step(
     layout = model.Layout(D=D, H=H, C=C)
     params = cp.asarray(model.init_params(layout, 0, "float32"))
     gbuf = cp.empty(layout.size + 1, dtype=cp.float32)
-    step = make_step(kind, cp, layout, params, gbuf, len(y))
+    step = make_step(kind, cp, layout, params, gbuf, len(y), gemm)
     loss = cp.zeros(1, dtype=cp.float32)
     schedule = Schedule(batch_size=global_batch or len(y), lr=LR, reg=REG, epochs=1)
 
@@ -61,8 +68,9 @@ def our_step(
     return run
 
 
-def gemms_only(H: int, x: Any) -> Callable[[], None]:
-    """The step's five GEMMs alone, on buffers of the step's shapes: the floor for its time."""
+def model_gemms(H: int, x: Any) -> Callable[[], None]:
+    """The model's five GEMMs alone (cupy.matmul, the mode CUPY_TF32 says), on buffers of the
+    step's shapes: what any implementation of the step multiplies."""
     import cupy as cp
 
     B = len(x)

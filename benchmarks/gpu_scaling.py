@@ -19,7 +19,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 H = 2048
-CASES = [("weak", "FP32", 3200), ("strong", "FP32", 12800), ("strong", "TF32", 12800)]
+# (kind, label, batch, how the fused step's GEMMs run: trainer/steps.py)
+CASES = [
+    ("weak", "FP32", 3200, "sgemm"),
+    ("weak", "FP32 3xTF32", 3200, "tf32x3"),
+    ("weak", "TF32", 3200, "tf32"),
+    ("strong", "FP32", 12800, "sgemm"),
+    ("strong", "FP32 3xTF32", 12800, "tf32x3"),
+    ("strong", "TF32", 12800, "tf32"),
+]
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -36,18 +44,20 @@ def worker(args: argparse.Namespace) -> None:
     xh, yh = inputs(hi - lo, seed=world.rank)
     n = model.Layout(D=784, H=H).size + 1
     allreduce = parallel.make_allreduce(args.comm, world, True, cp.cuda.runtime.getDeviceCount(), cp, n, cp.float32)
-    step = our_step("fused", H, cp.asarray(xh), cp.asarray(yh), allreduce if world.size > 1 else None, global_batch)
+    step = our_step(
+        "fused", H, cp.asarray(xh), cp.asarray(yh), allreduce if world.size > 1 else None, global_batch, args.gemm
+    )
     ms = time_ms(step)
     if world.rank == 0:
         print("JSON " + json.dumps({"ms": ms, "comm": type(allreduce).__name__}), flush=True)
 
 
-def run(nproc: int, kind: str, mode: str, batch: int, comm: str) -> float:
+def run(nproc: int, kind: str, gemm: str, batch: int, comm: str) -> float:
     from trainer import parallel
 
-    env = {**parallel.mpiexec_env(), "CUPY_TF32": "1" if mode == "TF32" else "0"}
-    cmd = [parallel.find_mpiexec(None), "-n", str(nproc), sys.executable, __file__, "--worker",
-           "--nproc", str(nproc), "--kind", kind, "--batch", str(batch), "--comm", comm]  # fmt: skip
+    cmd = [parallel.find_mpiexec(None), "-n", str(nproc), sys.executable, __file__, "--worker", "--nproc",
+           str(nproc), "--kind", kind, "--batch", str(batch), "--comm", comm, "--gemm", gemm]  # fmt: skip
+    env = parallel.mpiexec_env()
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     lines = [line for line in out.stdout.splitlines() if line.startswith("JSON ")]
     if out.returncode or not lines:
@@ -63,18 +73,24 @@ def main() -> None:
     parser.add_argument("--kind", default="weak")
     parser.add_argument("--batch", type=int, default=3200)
     parser.add_argument("--comm", default="nccl")
+    parser.add_argument("--gemm", default="sgemm")
     parser.add_argument("--gpus", type=int, nargs="+", default=[1, 2, 4])
+    parser.add_argument("--comms", nargs="+", default=["nccl", "mpi"], help="all-reduces to compare")
+    parser.add_argument("--cases", nargs="+", help='only these, e.g. "weak TF32" (default: all)')
     args = parser.parse_args()
     if args.worker:
         worker(args)
         return
-    print(f"{'case':15s} {'comm':5s} " + " ".join(f"{f'{p} GPU ms':>10s}" for p in args.gpus) + "   ratio t1/tP")
-    for kind, mode, batch in CASES:
-        base = run(1, kind, mode, batch, "mpi")
-        for comm in ("nccl", "mpi"):
-            times = [base] + [run(p, kind, mode, batch, comm) for p in args.gpus[1:]]
+    print(f"{'case':22s} {'comm':5s} " + " ".join(f"{f'{p} GPU ms':>10s}" for p in args.gpus) + "   ratio t1/tP")
+    for kind, label, batch, gemm in CASES:
+        if args.cases and f"{kind} {label}" not in args.cases:
+            continue
+        base = run(1, kind, gemm, batch, "mpi")
+        for comm in args.comms:
+            times = [base] + [run(p, kind, gemm, batch, comm) for p in args.gpus[1:]]
             ratios = " ".join(f"{base / t:6.2f}" for t in times[1:])
-            print(f"{kind + ' ' + mode:15s} {comm:5s} " + " ".join(f"{t:10.3f}" for t in times) + f"   {ratios}")
+            print(f"{kind + ' ' + label:22s} {comm:5s} " + " ".join(f"{t:10.3f}" for t in times) + f"   {ratios}")
+            sys.stdout.flush()
     sys.stdout.flush()
 
 

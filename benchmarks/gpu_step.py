@@ -4,7 +4,8 @@ step's GEMMs alone, for H in 512..4096, B=3200, data resident on the GPU.
     python benchmarks/gpu_step.py             # FP32, then TF32 in a fresh process (CUPY_TF32=1)
 
 Prints ms per step and the ratios the targets speak of (issue #4): PyTorch CUDA graph / ours
-(want >= 1.5) and ours / GEMMs alone (want <= 1.25).
+(want >= 1.5) and ours / its GEMMs alone (want <= 1.25). "its GEMMs" are the cuBLAS calls our
+fused step makes, timed alone; "model GEMMs" the model's five products by cupy.matmul.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the project, when run from a checkout
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gpu_common import LR, REG, C, D, gemms_only, inputs, our_step, time_ms
+from gpu_common import LR, REG, C, D, inputs, model_gemms, our_step, time_ms
 
 HIDDEN = (512, 1024, 2048, 4096)
 BATCH = 3200
@@ -79,68 +80,94 @@ def torch_steps(H: int, xh, yh, tf32: bool, compile_: bool) -> dict[str, float]:
     return out
 
 
-def measure(tf32: bool, compile_: bool) -> list[dict]:
+# Our step's GEMM modes per process: CuPy reads CUPY_TF32 once, so TF32 runs in a process of its own
+# (its PyTorch rows too). "FP32 3xTF32" is float32 accuracy on tensor cores (trainer/steps.py).
+VARIANTS = {"fp32": {"FP32": "sgemm", "FP32 3xTF32": "tf32x3"}, "tf32": {"TF32": "tf32"}}
+
+
+def measure(mode: str, compile_: bool) -> list[dict]:
     import cupy as cp
 
     xh, yh = inputs(BATCH)
     x, y = cp.asarray(xh), cp.asarray(yh)
-    for name, ms in breakdown(2048).items():
-        print(f"breakdown {'TF32' if tf32 else 'FP32'} H=2048 {name:24s} {ms * 1e3:8.1f} us", file=sys.stderr)
+    for label, gemm in VARIANTS[mode].items():
+        for name, ms in breakdown(2048, gemm).items():
+            print(f"breakdown {label:12s} H=2048 {name:34s} {ms * 1e3:8.1f} us", file=sys.stderr)
     rows = []
     for H in HIDDEN:
-        row = {"H": H, "mode": "TF32" if tf32 else "FP32"}
-        row["ours fused"] = time_ms(our_step("fused", H, x, y))
-        row["ours generic"] = time_ms(our_step("generic", H, x, y))
-        row["GEMMs alone"] = time_ms(gemms_only(H, x))
-        row.update(torch_steps(H, xh, yh, tf32, compile_))
-        rows.append(row)
+        common = {
+            "ours generic": time_ms(our_step("generic", H, x, y)),
+            "model GEMMs": time_ms(model_gemms(H, x)),
+            **torch_steps(H, xh, yh, mode == "tf32", compile_),
+        }
+        for label, gemm in VARIANTS[mode].items():
+            step = fused_step(H, gemm, x, y)
+            rows.append(
+                {
+                    "H": H,
+                    "mode": label,
+                    "ours fused": time_ms(our_step("fused", H, x, y, gemm=gemm)),
+                    "its GEMMs": time_ms(lambda s=step: (s.z1_gemm(x), s.dw1_gemm(x))),
+                    **common,
+                }
+            )
     return rows
 
 
-def breakdown(H: int) -> dict[str, float]:
-    """GPU time of each launch of our fused step, each timed alone (H, B=3200)."""
+def fused_step(H: int, gemm: str, x, y):
+    """A FusedStep (H, B=3200) that has run once, so its buffers hold a step's values."""
     import cupy as cp
 
     from trainer import model
     from trainer.steps import FusedStep
 
-    xh, yh = inputs(BATCH)
-    x, y = cp.asarray(xh), cp.asarray(yh)
     layout = model.Layout(D=D, H=H, C=C)
     params = cp.asarray(model.init_params(layout, 0, "float32"))
     gbuf = cp.zeros(layout.size + 1, dtype=cp.float32)
-    s = FusedStep(layout, params, gbuf, BATCH)
+    s = FusedStep(layout, params, gbuf, len(x), gemm)
     s.forward(x, y)
-    p, g, a1, z2, dz1, gemm = s.p, s.g, s.a1, s.z2, s.dz1, s.gemm
+    s.backward(x, y, 1 / len(x))
+    return s
+
+
+def breakdown(H: int, gemm: str) -> dict[str, float]:
+    """GPU time of each launch of our fused step, each timed alone (H, B=3200)."""
+    import cupy as cp
+
+    xh, yh = inputs(BATCH)
+    x, y = cp.asarray(xh), cp.asarray(yh)
+    s = fused_step(H, gemm, x, y)
     loss = cp.zeros(1, dtype=cp.float32)
-    ops = {
-        "GEMM z1 = X W1^T": lambda: gemm(x, p.W1, a1, tb=True),
-        "bias + sigmoid": lambda: s._bias_sigmoid(p.b1, H, a1),
-        "GEMM z2 = a1 W2^T": lambda: gemm(a1, p.W2, z2, tb=True),
-        "softmax + xent grad": lambda: s._softmax(
-            (min(-(-BATCH // s.SOFTMAX_THREADS), s.softmax_blocks),),
-            (s.SOFTMAX_THREADS,),
-            (z2, p.b2, y, np.int32(BATCH), np.float32(1 / BATCH), gbuf[-1:], g.b2),
-        ),
-        "GEMM dW2 = dz2^T a1": lambda: gemm(z2, a1, g.W2, ta=True),
-        "GEMM da1 = dz2 W2": lambda: gemm(z2, p.W2, dz1),
-        "sigmoid grad": lambda: s._sigmoid_grad(a1, dz1),
-        "GEMV db1": lambda: gemm(s.ones.reshape(1, -1), dz1, g.b1.reshape(1, -1)),
-        "GEMM dW1 = dz1^T X": lambda: gemm(dz1, x, g.W1, ta=True),
-        "SGD + L2 update": lambda: s.update(LR, REG, 1 / BATCH, loss),
-        "whole step": lambda: (s.forward(x, y), s.backward(x, y, 1 / BATCH), s.update(LR, REG, 1 / BATCH, loss)),
-    }
+    n, k = np.int32(BATCH), s._kernel
+    ops = {}
+    if s.split:
+        ops["split X into TF32 parts"] = lambda: s._split(x, s.xcat, lo_at=0)
+    ops["GEMM z1 = X W1^T" + (" (3 products)" if s.split else "")] = lambda: s.z1_gemm(x)
+    ops["output layer (sigmoid..softmax, loss)"] = lambda: k["output_layer"](
+        (-(-BATCH // s.OUT_ROWS),), (s.THREADS,),
+        (s.z1, s.p.b1, s.p.W2, s.p.b2, y, n, np.int32(H), s.e, s.gbuf[-1:]),
+    )  # fmt: skip
+    # Timed on a copy of z1: the kernel writes dz1 over its input.
+    z1 = s.z1.copy()
+    ops["hidden gradient (dz1, dW2, db1, db2)"] = lambda: k["hidden_grad"](
+        (-(-H // s.THREADS), -(-BATCH // s.HID_ROWS)), (s.THREADS,),
+        (z1, s.p.b1, s.p.W2, s.e, n, np.int32(H), np.float32(1 / BATCH), np.int32(s.split), s.dz1_lo,
+         s.g.b1, s.g.W2, s.g.b2),
+    )  # fmt: skip
+    ops["GEMM dW1 = dz1^T X" + (" (3 products)" if s.split else "")] = lambda: s.dw1_gemm(x)
+    ops["SGD + L2 update (+ penalty" + (", W1 split)" if s.split else ")")] = lambda: s.update(LR, REG, 1 / BATCH, loss)
+    ops["whole step"] = lambda: (s.forward(x, y), s.backward(x, y, 1 / BATCH), s.update(LR, REG, 1 / BATCH, loss))
     return {name: time_ms(op) for name, op in ops.items()}
 
 
 def print_table(rows: list[dict]) -> None:
-    cols = ["ours fused", "ours generic", "GEMMs alone", "torch eager", "torch graph", "torch.compile"]
-    print(f"{'mode':5s} {'H':>5s} " + " ".join(f"{c:>13s}" for c in cols) + "  graph/ours ours/GEMMs")
+    cols = ["ours fused", "its GEMMs", "ours generic", "model GEMMs", "torch eager", "torch graph", "torch.compile"]
+    print(f"{'mode':11s} {'H':>5s} " + " ".join(f"{c:>13s}" for c in cols) + "  graph/ours ours/GEMMs")
     for r in rows:
         cells = " ".join(f"{r[c]:13.3f}" if c in r else f"{'n/a':>13s}" for c in cols)
         print(
-            f"{r['mode']:5s} {r['H']:5d} {cells}  {r['torch graph'] / r['ours fused']:10.2f} "
-            f"{r['ours fused'] / r['GEMMs alone']:10.2f}"
+            f"{r['mode']:11s} {r['H']:5d} {cells}  {r['torch graph'] / r['ours fused']:10.2f} "
+            f"{r['ours fused'] / r['its GEMMs']:10.2f}"
         )
 
 
@@ -150,7 +177,7 @@ def main() -> None:
     parser.add_argument("--no-compile", action="store_true")
     args = parser.parse_args()
     if args.mode:
-        print("JSON " + json.dumps(measure(args.mode == "tf32", not args.no_compile)))
+        print("JSON " + json.dumps(measure(args.mode, not args.no_compile)))
         return
     rows = []
     for mode in ("fp32", "tf32"):  # CuPy reads CUPY_TF32 once: a fresh process per mode

@@ -7,6 +7,7 @@ from hydra.errors import ConfigCompositionException
 
 from tests.conftest import compose
 from trainer.config import ConfigError, config_hash, validate
+from trainer.run import gemm_mode
 
 
 def test_defaults_and_overrides():
@@ -32,6 +33,19 @@ def test_unknown_dtype_is_rejected_by_hydra():
     with pytest.raises(ConfigCompositionException) as e:
         compose(["dtype=float16"])
     assert "Invalid value 'float16', expected one of [float32, float64]" in str(e.value.__cause__)
+
+
+def test_unknown_fp32_gemm_is_rejected_by_hydra():
+    with pytest.raises(ConfigCompositionException) as e:
+        compose(["fp32_gemm=bf16x9"])
+    assert "Invalid value 'bf16x9', expected one of [sgemm, tf32x3]" in str(e.value.__cause__)
+
+
+def test_gemm_mode_follows_tf32_dtype_and_fp32_gemm():
+    assert gemm_mode(compose([])) == "tf32x3"
+    assert gemm_mode(compose(["fp32_gemm=sgemm"])) == "sgemm"
+    assert gemm_mode(compose(["tf32=true"])) == "tf32"
+    assert gemm_mode(compose(["dtype=float64"])) == "dgemm"
 
 
 @pytest.mark.parametrize(

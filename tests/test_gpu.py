@@ -11,6 +11,7 @@ from trainer import data, metrics, model
 from trainer.backend import select
 from trainer.config import ConfigError, Device
 from trainer.loop import Schedule, fit
+from trainer.steps import make_step
 
 
 @pytest.mark.gpu
@@ -53,24 +54,54 @@ def gpu_count() -> int:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize(("dtype", "tol"), [("float64", 1e-12), ("float32", 1e-5)])
-def test_fused_step_matches_generic_step(dtype, tol):
-    """The fused kernels compute the generic path's function: weights and losses, uneven batches."""
+@pytest.mark.parametrize(
+    ("dtype", "gemm", "tol"), [("float64", "sgemm", 1e-12), ("float32", "sgemm", 1e-5), ("float32", "tf32x3", 1e-5)]
+)
+def test_fused_step_matches_generic_step(dtype, gemm, tol):
+    """The fused kernels compute the generic path's function: weights and losses, a last batch
+    that fills neither a block of rows nor one of columns (H=300 > 256 threads)."""
     import cupy
 
-    ds = data.load(None, 700, None, dtype)
-    layout = model.Layout(D=784, H=96)
+    ds = data.load(None, 701, None, dtype)
+    layout = model.Layout(D=784, H=300)
     schedule = Schedule(batch_size=256, lr=0.2, reg=1e-3, epochs=2, shuffle=True, seed=5)
     x, y = cupy.asarray(ds.x_train), cupy.asarray(ds.y_train)
     results = {}
     for kind in ("generic", "fused"):
         losses = []
         params = cupy.asarray(model.init_params(layout, 1, dtype))
-        fit(cupy, layout, params, x, y, schedule, on_epoch=lambda e, out=losses: out.append(e.losses), step_kind=kind)
+        fit(
+            cupy, layout, params, x, y, schedule, on_epoch=lambda e, out=losses: out.append(e.losses),
+            step_kind=kind, gemm=gemm,
+        )  # fmt: skip
         results[kind] = (params.get(), np.concatenate(losses))
     (pg, lg), (pf, lf) = results["generic"], results["fused"]
     assert np.linalg.norm(pf - pg) / np.linalg.norm(pg) < tol
     np.testing.assert_allclose(lf, lg, rtol=tol)
+
+
+@pytest.mark.gpu
+def test_tf32x3_keeps_float32_accuracy():
+    """One batch's loss gradient against float64: three TF32 products are as close as SGEMM,
+    plain TF32 is orders of magnitude off."""
+    import cupy
+
+    ds = data.load(None, 1000, None, "float64")
+    layout = model.Layout(D=784, H=512)
+    init = model.init_params(layout, 0, "float64")
+    truth = model.gradient(layout.views(init), layout, ds.x_train, ds.y_train, reg=0.0)
+    x32, y = cupy.asarray(ds.x_train.astype(np.float32)), cupy.asarray(ds.y_train)
+    errors = {}
+    for gemm in ("sgemm", "tf32x3", "tf32"):
+        params = cupy.asarray(init.astype(np.float32))
+        gbuf = cupy.zeros(layout.size + 1, dtype=np.float32)
+        step = make_step("fused", cupy, layout, params, gbuf, len(y), gemm)
+        step.forward(x32, y)
+        step.backward(x32, y, 1 / len(y))
+        errors[gemm] = np.linalg.norm(gbuf[:-1].get() - truth) / np.linalg.norm(truth)
+    assert errors["sgemm"] < 1e-5, errors
+    assert errors["tf32x3"] < 3 * errors["sgemm"], errors
+    assert errors["tf32"] > 100 * errors["tf32x3"], errors
 
 
 @pytest.mark.gpu

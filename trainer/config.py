@@ -37,6 +37,11 @@ class Comm(str, Enum):
     mpi = "mpi"  # the seeds' scheme: host-staged MPI_Allreduce through pinned buffers
 
 
+class Fp32Gemm(str, Enum):
+    sgemm = "sgemm"  # cuBLAS SGEMM on the CUDA cores
+    tf32x3 = "tf32x3"  # float32 accuracy from three TF32 tensor-core products (trainer/steps.py)
+
+
 class DType(str, Enum):
     float32 = "float32"
     float64 = "float64"
@@ -121,6 +126,7 @@ class TrainerConfig:
     step: Step = MISSING
     comm: Comm = MISSING
     tf32: bool = MISSING  # float32 storage, TF32 tensor-core GEMMs
+    fp32_gemm: Fp32Gemm = MISSING  # the fused step's float32 GEMMs when tf32=false
     profile: bool = MISSING  # NVTX ranges per phase, for Nsight Systems
     data: DataConfig = field(default_factory=DataConfig)
     check: CheckConfig = field(default_factory=CheckConfig)

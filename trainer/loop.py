@@ -110,16 +110,18 @@ def fit(
     on_epoch: Callable[[EpochResult], None] | None = None,
     fault_iteration: int | None = None,
     step_kind: str = "generic",
+    gemm: str = "sgemm",
 ) -> Any:
     """Train ``params`` (a flat xp array, updated in place) and return it.
 
     ``x``/``y`` hold the whole training set, on the device or on the host; a host array is
     copied to the device one slice per batch (the "h2d" phase). Every rank runs this with the
     same params and schedule; ``allreduce`` sums the flat gradient buffer over the ranks.
-    ``step_kind`` picks the implementation of the step (trainer/steps.py).
+    ``step_kind`` picks the implementation of the step and ``gemm`` how its float32 GEMMs run
+    (trainer/steps.py).
     """
     gbuf = xp.empty(layout.size + 1, dtype=params.dtype)  # gradient, then summed cross-entropy
-    step = make_step(step_kind, xp, layout, params, gbuf, -(-schedule.batch_size // size))
+    step = make_step(step_kind, xp, layout, params, gbuf, -(-schedule.batch_size // size), gemm)
     n = len(y)
     n_batches = -(-n // schedule.batch_size)
     iteration = 0

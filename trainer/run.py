@@ -153,7 +153,10 @@ def train_on_rank(
         cfg.comm.value, world, backend.kind == "gpu", backend.n_devices, xp, layout.size + 1, params.dtype
     )
     if recorder is not None:
-        recorder.set_tags({"sweepscale.comm": type(allreduce).__name__, "sweepscale.step": step_name(cfg, backend)})
+        step = step_name(cfg, backend)
+        recorder.set_tags({"sweepscale.comm": type(allreduce).__name__, "sweepscale.step": step})
+        if step == "fused":
+            recorder.set_tags({"sweepscale.gemm": gemm_mode(cfg)})
 
     def on_epoch(e: EpochResult) -> None:
         if recorder is None:
@@ -174,7 +177,7 @@ def train_on_rank(
     fault = cfg.fault.iteration if cfg.fault.rank == world.rank else None
     fit(
         xp, layout, params, x_train, y_train, schedule, world.rank, world.size, allreduce, clock, on_epoch, fault,
-        step_kind=cfg.step.value,
+        step_kind=cfg.step.value, gemm=gemm_mode(cfg),
     )  # fmt: skip
     if recorder is None:
         return
@@ -208,6 +211,13 @@ def step_name(cfg: DictConfig, backend: Backend) -> str:
     if cfg.step.value != "auto":
         return cfg.step.value
     return "fused" if backend.kind == "gpu" else "generic"
+
+
+def gemm_mode(cfg: DictConfig) -> str:
+    """How the fused step's GEMMs run: tf32 when asked, else fp32_gemm (float32 only)."""
+    if cfg.dtype.value != "float32":
+        return "dgemm"  # float64: whatever fp32_gemm says
+    return "tf32" if cfg.tf32 else cfg.fp32_gemm.value
 
 
 def _pinned(a: np.ndarray) -> Any:

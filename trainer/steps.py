@@ -3,10 +3,19 @@ then, after the all-reduce, the update. Two implementations of the same math:
 
 - GenericStep: model.py's functions, NumPy or CuPy, one array op per kernel. The readable
   reference, and what the CPU ranks and the sequential check run.
-- FusedStep (CuPy only): the GEMMs straight through cuBLAS into preallocated buffers, and
-  everything else in four fused kernels: bias+sigmoid, softmax+cross-entropy gradient (with the loss and db2),
-  sigmoid gradient, and SGD+L2 update (with the L2 penalty of the loss). No host
-  synchronisation anywhere in the step.
+- FusedStep (CuPy only): the two large GEMMs (X W1^T and dz1^T X) straight through cuBLAS, and
+  everything else in three fused kernels that each pass over the B x H activations at most once:
+  the output layer (sigmoid, the 10-wide second layer, softmax, loss), the hidden gradient
+  (dz1, dW2, db1, db2) and the SGD+L2 update. No host synchronisation anywhere in the step.
+
+In float32 the large GEMMs run one of three ways (``gemm``):
+- ``sgemm``: cuBLAS SGEMM on the CUDA cores (float32 products and sums);
+- ``tf32``: TF32 tensor cores (10-bit mantissa inputs, about 1e-3 relative per product);
+- ``tf32x3``: float32 accuracy on TF32 tensor cores. Each operand is split into a TF32 high part and a
+  TF32 low part (v = hi + lo to about 2^-22 relative), and A B ~ A_lo B_hi + A_hi B_lo + A_hi B_hi
+  with float32 accumulation: three tensor-core products, the dropped lo*lo term is ~2^-22. The
+  splits ride along kernels that already touch the data (W1 in the update, dz1 in the hidden
+  gradient); X is split once per batch.
 """
 
 from __future__ import annotations
@@ -37,60 +46,162 @@ class GenericStep:
 
 
 _KERNELS = r"""
-#define C NCLASSES
-extern "C" __global__ void softmax_xent_grad(T* z, const T* b2, const long long* y, const int n,
-                                             const T scale, T* ce_sum, T* db2) {
-    // n rows of C logits. z <- (softmax(z + b2) - onehot(y)) * scale, in place; each block adds
-    // its rows' cross-entropies to ce_sum[0] and its column sums of the new z to db2 (both zeroed
-    // by the caller).
-    T acc[C];
-    T loss = 0;
-    for (int c = 0; c < C; ++c) acc[c] = 0;
-    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
-        T* row = z + (long long)i * C;
-        T v[C];
-        T m = row[0] + b2[0];
-        for (int c = 0; c < C; ++c) { v[c] = row[c] + b2[c]; m = v[c] > m ? v[c] : m; }
-        const int yi = (int)y[i];
+// Defined by FusedStep: T, C (classes), OUT_ROWS (rows per block of output_layer: W2 is read
+// once per OUT_ROWS rows), HID_ROWS (rows per block of hidden_grad: its sums are flushed once per
+// HID_ROWS rows).
+
+__device__ inline float tf32(float x) {  // round to the nearest TF32 value (10-bit mantissa)
+    unsigned int r;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+    return __uint_as_float(r);
+}
+__device__ inline double tf32(double x) { return x; }  // float64 is never split
+
+#ifdef FAST_SIGMOID
+__device__ inline T sigmoid(T z) { return __frcp_rn(1.0f + __expf(-z)); }
+#else
+__device__ inline T sigmoid(T z) { return (T)1 / ((T)1 + exp(-z)); }
+#endif
+
+// Write v into the three d-wide thirds of a row as TF32 parts: hi, and lo in third lo_at.
+__device__ inline void put_split(T* row3, const int d, const int j, const T v, const int lo_at) {
+    const T hi = tf32(v), lo = tf32(v - hi);
+    row3[j] = lo_at == 0 ? lo : hi;
+    row3[d + j] = lo_at == 1 ? lo : hi;
+    row3[2 * d + j] = lo_at == 2 ? lo : hi;
+}
+
+extern "C" __global__ void split_tf32(const T* x, const int rows, const int d, const int lo_at, T* out) {
+    // out (rows x 3d) <- each row of x (rows x d) as TF32 parts: [lo | hi | hi] (lo_at=0) or [hi | lo | hi] (1).
+    const long long total = (long long)rows * d;
+    for (long long k = blockIdx.x * (long long)blockDim.x + threadIdx.x; k < total;
+         k += (long long)gridDim.x * blockDim.x) {
+        const long long r = k / d;
+        put_split(out + r * 3 * d, d, (int)(k - r * d), x[k], lo_at);
+    }
+}
+
+extern "C" __global__ void output_layer(const T* __restrict__ z1, const T* __restrict__ b1,
+                                        const T* __restrict__ W2, const T* __restrict__ b2, const long long* y,
+                                        const int n, const int H, T* e, T* ce_sum) {
+    // A block takes OUT_ROWS rows of z1 (n x H, without b1) at a time, its threads splitting the
+    // H columns: a = sigmoid(z1 + b1), z2 = a W2^T + b2 (W2: C x H); writes e = softmax(z2) -
+    // onehot(y) (n x C) and adds its rows' cross-entropies to ce_sum[0] (zeroed by the caller).
+    __shared__ T part[32][OUT_ROWS][C];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    T loss = 0;  // warp 0's
+    for (int r0 = blockIdx.x * OUT_ROWS; r0 < n; r0 += gridDim.x * OUT_ROWS) {
+        T acc[OUT_ROWS][C];
+        for (int i = 0; i < OUT_ROWS; ++i)
+            for (int c = 0; c < C; ++c) acc[i][c] = 0;
+#pragma unroll 2
+        for (int h = threadIdx.x; h < H; h += blockDim.x) {
+            const T bh = b1[h];
+            T a[OUT_ROWS];
+            for (int i = 0; i < OUT_ROWS; ++i) a[i] = r0 + i < n ? sigmoid(z1[(long long)(r0 + i) * H + h] + bh) : (T)0;
+            for (int c = 0; c < C; ++c) {
+                const T w = W2[(long long)c * H + h];
+                for (int i = 0; i < OUT_ROWS; ++i) acc[i][c] += a[i] * w;
+            }
+        }
+        for (int i = 0; i < OUT_ROWS; ++i)
+            for (int c = 0; c < C; ++c) {
+                T v = acc[i][c];
+                for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffff, v, off);
+                if (lane == 0) part[warp][i][c] = v;
+            }
+        __syncthreads();
+        for (int i = 0; warp == 0 && i < OUT_ROWS && r0 + i < n; ++i) {  // lane c < C: logit c of row r0 + i
+            const int r = r0 + i, yi = (int)y[r];
+            T z = 0;
+            if (lane < C) {
+                z = b2[lane];
+                for (int w = 0; w < warps; ++w) z += part[w][i][lane];
+            }
+            T m = __shfl_sync(0xffffffff, z, 0);  // lanes >= C hold no logit: start them at logit 0
+            if (lane < C) m = z;
+            for (int off = 16; off > 0; off >>= 1) {
+                const T o = __shfl_xor_sync(0xffffffff, m, off);
+                m = o > m ? o : m;
+            }
+            T p = lane < C ? exp(z - m) : (T)0, s = p;
+            for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffff, s, off);
+            if (lane < C) e[(long long)r * C + lane] = p / s - (lane == yi ? (T)1 : (T)0);
+            if (lane == yi) loss += log(s) + m - z;  // -log softmax(z2)_y
+        }
+        __syncthreads();  // part is refilled for the next rows
+    }
+    if (warp == 0) {
+        for (int off = 16; off > 0; off >>= 1) loss += __shfl_xor_sync(0xffffffff, loss, off);
+        if (lane == 0) atomicAdd(ce_sum, loss);
+    }
+}
+
+extern "C" __global__ void hidden_grad(T* __restrict__ z1, const T* __restrict__ b1, const T* __restrict__ W2,
+                                       const T* __restrict__ e, const int n, const int H, const T scale,
+                                       const int split, T* __restrict__ dz1_lo, T* gb1, T* gW2, T* gb2) {
+    // Thread: column h of HID_ROWS rows. With a = sigmoid(z1 + b1):
+    //   dz1 = scale (e W2) a (1 - a), written over z1 (its TF32 hi part if split, lo into dz1_lo);
+    // and the block's sums over its rows added to the gradient (zeroed by the caller):
+    //   db1 += sum dz1, dW2 += scale e^T a, db2 += scale sum e (blocks of the first column tile).
+    __shared__ T es[HID_ROWS * C];
+    const int r0 = blockIdx.y * HID_ROWS, rows = n - r0 < HID_ROWS ? n - r0 : HID_ROWS;
+    for (int k = threadIdx.x; k < rows * C; k += blockDim.x) es[k] = e[(long long)r0 * C + k];
+    __syncthreads();
+    if (blockIdx.x == 0 && threadIdx.x < C) {
         T s = 0;
-        for (int c = 0; c < C; ++c) { v[c] = exp(v[c] - m); s += v[c]; }
-        T vy = 0;
-        for (int c = 0; c < C; ++c) if (c == yi) vy = v[c];
-        loss += log(s) - log(vy);
-        const T inv = scale / s;
+        for (int r = 0; r < rows; ++r) s += es[r * C + threadIdx.x];
+        atomicAdd(gb2 + threadIdx.x, scale * s);
+    }
+    const int h = blockIdx.x * blockDim.x + threadIdx.x;
+    if (h >= H) return;
+    T w[C], acc[C];
+    for (int c = 0; c < C; ++c) { w[c] = W2[(long long)c * H + h]; acc[c] = 0; }
+    const T bh = b1[h];
+    T db = 0;
+#pragma unroll 4
+    for (int r = 0; r < rows; ++r) {
+        const long long k = (long long)(r0 + r) * H + h;
+        const T a = sigmoid(z1[k] + bh);
+        T da = 0;
         for (int c = 0; c < C; ++c) {
-            const T d = v[c] * inv - (c == yi ? scale : (T)0);
-            row[c] = d;
-            acc[c] += d;
+            const T ec = es[r * C + c];
+            da += ec * w[c];
+            acc[c] += a * ec;
+        }
+        const T d = scale * da * a * ((T)1 - a);
+        db += d;
+        if (split) {
+            const T hi = tf32(d);
+            z1[k] = hi;
+            dz1_lo[k] = tf32(d - hi);
+        } else {
+            z1[k] = d;
         }
     }
-    __shared__ T part[32][C + 1];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    for (int off = 16; off > 0; off >>= 1) {
-        loss += __shfl_down_sync(0xffffffff, loss, off);
-        for (int c = 0; c < C; ++c) acc[c] += __shfl_down_sync(0xffffffff, acc[c], off);
-    }
-    if (lane == 0) { part[warp][C] = loss; for (int c = 0; c < C; ++c) part[warp][c] = acc[c]; }
-    __syncthreads();
-    if (threadIdx.x <= C) {
-        T total = 0;
-        for (int w = 0; w < (blockDim.x + 31) / 32; ++w) total += part[w][threadIdx.x];
-        atomicAdd(threadIdx.x == C ? ce_sum : db2 + threadIdx.x, total);
-    }
+    atomicAdd(gb1 + h, db);
+    for (int c = 0; c < C; ++c) atomicAdd(gW2 + (long long)c * H + h, scale * acc[c]);
 }
 
 extern "C" __global__ void sgd_update(T* p, const T* g, const long long n, const long long w1_end,
                                       const long long w2_begin, const long long w2_end, const T lr,
-                                      const T reg, const T* ce_sum, const T inv_batch, T* loss_out) {
+                                      const T reg, const T* ce_sum, const T inv_batch, T* loss_out,
+                                      const int split, const int D, T* w1cat) {
     // p <- p - lr (g + reg W) (biases: no reg). loss_out[0] += inv_batch * ce_sum + reg/2 ||W||^2
-    // with the weights before the update; loss_out must start at 0.
+    // with the weights before the update; loss_out must start at 0. If split, the new W1 also
+    // goes into w1cat (H x 3D) as [hi | lo | hi] for the next forward's tf32x3 GEMM.
     T pen = 0;
     for (long long k = blockIdx.x * (long long)blockDim.x + threadIdx.x; k < n;
          k += (long long)gridDim.x * blockDim.x) {
         const T w = p[k];
         T gk = g[k];
         if (k < w1_end || (k >= w2_begin && k < w2_end)) { pen += w * w; gk += reg * w; }
-        p[k] = w - lr * gk;
+        const T v = w - lr * gk;
+        p[k] = v;
+        if (split && k < w1_end) {
+            const long long row = k / D;
+            put_split(w1cat + row * 3 * D, D, (int)(k - row * D), v, 1);
+        }
     }
     __shared__ T part[32];
     for (int off = 16; off > 0; off >>= 1) pen += __shfl_down_sync(0xffffffff, pen, off);
@@ -106,111 +217,159 @@ extern "C" __global__ void sgd_update(T* p, const T* g, const long long n, const
 }
 """
 
+_HANDLES: dict[tuple[int, bool], int] = {}
+
+
+def _cublas_handle(tensor_cores: bool) -> int:
+    """A cuBLAS handle of our own per device and math mode: CuPy's own handle (and so its
+    matmuls elsewhere, e.g. the test-set evaluation) keeps its default math mode."""
+    import cupy as cp
+    from cupy_backends.cuda.libs import cublas
+
+    key = (cp.cuda.Device().id, tensor_cores)
+    if key not in _HANDLES:
+        handle = cublas.create()
+        if tensor_cores:
+            cublas.setMathMode(handle, getattr(cublas, "CUBLAS_TF32_TENSOR_OP_MATH", 3))  # not exported by CuPy 14
+        _HANDLES[key] = handle
+    return _HANDLES[key]
+
 
 class Gemm:
-    """out = op(a) @ op(b) for C-contiguous row-major arrays, straight through cuBLAS.
+    """out = op(a) @ op(b) (+ out, if accumulate) for row-major arrays, straight through cuBLAS.
 
     cupy.matmul spends ~17 us of CPU per call on checks and dispatch, more than a TF32 GEMM of
     this size takes on the GPU; a direct call costs a few. Row-major out (m x n) is column-major
     out^T, so cuBLAS computes out^T = op(b)^T op(a)^T."""
 
-    def __init__(self, dtype: Any) -> None:
-        import os
-
+    def __init__(self, dtype: Any, tensor_cores: bool) -> None:
         import cupy as cp
         from cupy_backends.cuda.libs import cublas
 
         self.cublas, self.cupy = cublas, cp
-        self.handle = cp.cuda.device.get_cublas_handle()
+        self.handle = _cublas_handle(tensor_cores and np.dtype(dtype) == np.float32)
         self.op = {False: cublas.CUBLAS_OP_N, True: cublas.CUBLAS_OP_T}
         self.fn = cublas.sgemm if np.dtype(dtype) == np.float32 else cublas.dgemm
         self.one, self.zero = np.ones(1, dtype=dtype), np.zeros(1, dtype=dtype)
-        if os.environ.get("CUPY_TF32") == "1" and np.dtype(dtype) == np.float32:
-            cublas.setMathMode(self.handle, getattr(cublas, "CUBLAS_TF32_TENSOR_OP_MATH", 3))
 
-    def __call__(self, a: Any, b: Any, out: Any, ta: bool = False, tb: bool = False) -> None:
+    def __call__(self, a: Any, b: Any, out: Any, ta: bool = False, tb: bool = False, accumulate: bool = False) -> None:
         """a and b: rows contiguous (a column slice of a C-contiguous array is fine); out: C-contiguous."""
         m, n = out.shape
         k = a.shape[0] if ta else a.shape[1]
         op = self.op
         self.cublas.setStream(self.handle, self.cupy.cuda.get_current_stream().ptr)
         lda, ldb = a.strides[0] // a.itemsize, b.strides[0] // b.itemsize  # column slices keep their row stride
+        beta = self.one if accumulate else self.zero
         self.fn(
             self.handle, op[tb], op[ta], n, m, k, self.one.ctypes.data, b.data.ptr, ldb,
-            a.data.ptr, lda, self.zero.ctypes.data, out.data.ptr, n,
+            a.data.ptr, lda, beta.ctypes.data, out.data.ptr, n,
         )  # fmt: skip
 
 
 class FusedStep:
-    """The same step in 6 cuBLAS calls, 4 fused kernels and a memset, on preallocated buffers."""
+    """The same step in 2 cuBLAS GEMMs (4 with tf32x3, plus X's split), 3 fused kernels and a memset."""
 
-    UPDATE_THREADS = 256
-    SOFTMAX_THREADS = 256  # 1024 runs out of registers in float64
+    # Block shapes: the fastest measured (benchmarks/gpu_kernels.py, BENCHMARKS.md).
+    THREADS = 256
+    OUT_ROWS = 1
+    HID_ROWS = 16
 
-    def __init__(self, layout: model.Layout, params: Any, gbuf: Any, max_rows: int) -> None:
+    def __init__(self, layout: model.Layout, params: Any, gbuf: Any, max_rows: int, gemm: str) -> None:
         import cupy as cp
 
         self.cp, self.layout = cp, layout
         self.p, self.g, self.gbuf = layout.views(params), layout.views(gbuf[:-1]), gbuf
         self.params = params
-        dtype = params.dtype
-        ctype = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}[np.dtype(dtype)]
-        module = cp.RawModule(code=f"typedef {ctype} T;\n" + _KERNELS.replace("NCLASSES", str(layout.C)))
-        self._softmax = module.get_function("softmax_xent_grad")
-        self._update = module.get_function("sgd_update")
-        self._bias_sigmoid = cp.ElementwiseKernel(
-            "raw T b, int32 h", "T a", "a = (T)1 / ((T)1 + exp(-(a + b[i % h])))", "sweepscale_bias_sigmoid"
-        )
-        self._sigmoid_grad = cp.ElementwiseKernel("T a", "T d", "d = d * a * ((T)1 - a)", "sweepscale_sigmoid_grad")
-        self.gemm = Gemm(dtype)
-        H, C = layout.H, layout.C
-        self.a1 = cp.empty((max_rows, H), dtype=dtype)
-        self.z2 = cp.empty((max_rows, C), dtype=dtype)
-        self.dz1 = cp.empty((max_rows, H), dtype=dtype)
-        self.ones = cp.ones(max_rows, dtype=dtype)
-        self.scalar = np.dtype(dtype).type
+        dtype = np.dtype(params.dtype)
+        self.split = gemm == "tf32x3" and dtype == np.float32
+        ctype = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}[dtype]
+        defines = {"C": layout.C, "OUT_ROWS": self.OUT_ROWS, "HID_ROWS": self.HID_ROWS}
+        head = f"typedef {ctype} T;\n" + "".join(f"#define {k} {v}\n" for k, v in defines.items())
+        module = cp.RawModule(code=head + _KERNELS)
+        names = ("split_tf32", "output_layer", "hidden_grad", "sgd_update")
+        self._kernel = {name: module.get_function(name) for name in names}
+        self.gemm = Gemm(dtype, tensor_cores=gemm in ("tf32", "tf32x3"))
+        D, H, C = layout.D, layout.H, layout.C
+        self.z1 = cp.empty((max_rows, H), dtype=dtype)  # z1 (without b1), then dz1 in place
+        self.e = cp.empty((max_rows, C), dtype=dtype)  # softmax(z2) - onehot(y)
+        self.tail = gbuf[H * D :]  # db1, dW2, db2, loss: sums of atomics, zeroed each step
+        self.scalar = dtype.type
         n = layout.size
         sm = cp.cuda.Device().attributes["MultiProcessorCount"]
-        self.update_blocks = min(-(-n // self.UPDATE_THREADS), 8 * sm)
-        self.softmax_blocks = sm
-        w1_end, w2_begin = H * layout.D, H * layout.D + H  # weights: [0, w1_end) and [w2_begin, w2_end)
+        self.update_blocks = min(-(-n // self.THREADS), 8 * sm)
+        w1_end, w2_begin = H * D, H * D + H  # weights: [0, w1_end) and [w2_begin, w2_end)
         self.bounds = tuple(np.int64(v) for v in (n, w1_end, w2_begin, w2_begin + C * H))
+        if self.split:
+            # K-concatenated operands of z1's GEMM, small products first (summed first, they lose less).
+            self.xcat = cp.empty((max_rows, 3 * D), dtype=dtype)  # [X_lo | X_hi | X_hi]
+            self.w1cat = cp.empty((H, 3 * D), dtype=dtype)  # [W1_hi | W1_lo | W1_hi], kept by update()
+            self.dz1_lo = cp.empty((max_rows, H), dtype=dtype)
+            self._split(self.p.W1, self.w1cat, lo_at=1)
+        else:
+            self.w1cat = self.dz1_lo = cp.empty(1, dtype=dtype)  # unused kernel arguments
+
+    def _split(self, a: Any, out: Any, lo_at: int) -> None:
+        rows, d = a.shape
+        blocks = min(-(-a.size // self.THREADS), 1024)
+        self._kernel["split_tf32"]((blocks,), (self.THREADS,), (a, np.int32(rows), np.int32(d), np.int32(lo_at), out))
 
     def forward(self, x: Any, y: Any) -> None:
-        n, gemm = len(x), self.gemm
-        a1 = self.a1[:n]
-        gemm(x, self.p.W1, a1, tb=True)  # z1 = X W1^T
-        self._bias_sigmoid(self.p.b1, self.layout.H, a1)  # a1 = sigmoid(z1 + b1)
-        gemm(a1, self.p.W2, self.z2[:n], tb=True)  # z2 = a1 W2^T (b2 is added in the softmax)
+        cp, n, H = self.cp, len(x), self.layout.H
+        cp.cuda.runtime.memsetAsync(self.tail.data.ptr, 0, self.tail.nbytes, cp.cuda.get_current_stream().ptr)
+        if self.split:
+            self._split(x, self.xcat[:n], lo_at=0)
+        self.z1_gemm(x)
+        self._kernel["output_layer"](
+            (-(-n // self.OUT_ROWS),), (self.THREADS,),
+            (self.z1, self.p.b1, self.p.W2, self.p.b2, y, np.int32(n), np.int32(H), self.e, self.gbuf[-1:]),
+        )  # fmt: skip
 
     def backward(self, x: Any, y: Any, scale: float) -> None:
-        n, g, gemm = len(x), self.g, self.gemm
-        a1, dz2, dz1 = self.a1[:n], self.z2[:n], self.dz1[:n]
-        tail = self.gbuf[-(self.layout.C + 1) :]  # db2 and the loss slot, next to each other
-        self.cp.cuda.runtime.memsetAsync(tail.data.ptr, 0, tail.nbytes, self.cp.cuda.get_current_stream().ptr)
-        blocks = min(-(-n // self.SOFTMAX_THREADS), self.softmax_blocks)
-        self._softmax(
-            (blocks,), (self.SOFTMAX_THREADS,),
-            (dz2, self.p.b2, y, np.int32(n), self.scalar(scale), self.gbuf[-1:], g.b2),
+        n, g, H = len(x), self.g, self.layout.H
+        self._kernel["hidden_grad"](
+            (-(-H // self.THREADS), -(-n // self.HID_ROWS)), (self.THREADS,),
+            (self.z1, self.p.b1, self.p.W2, self.e, np.int32(n), np.int32(H), self.scalar(scale),
+             np.int32(self.split), self.dz1_lo, g.b1, g.W2, g.b2),
         )  # fmt: skip
-        gemm(dz2, a1, g.W2, ta=True)  # dW2 = dz2^T a1
-        gemm(dz2, self.p.W2, dz1)  # da1 = dz2 W2
-        self._sigmoid_grad(a1, dz1)  # dz1 = da1 a1 (1 - a1)
-        gemm(self.ones[:n].reshape(1, -1), dz1, g.b1.reshape(1, -1))  # db1 = column sums of dz1
-        gemm(dz1, x, g.W1, ta=True)  # dW1 = dz1^T X
+        self.dw1_gemm(x)
+
+    def z1_gemm(self, x: Any) -> None:
+        """z1 = X W1^T; split: X_lo W1_hi + X_hi W1_lo + X_hi W1_hi, one GEMM with K = 3D."""
+        n = len(x)
+        if self.split:
+            self.gemm(self.xcat[:n], self.w1cat, self.z1[:n], tb=True)
+        else:
+            self.gemm(x, self.p.W1, self.z1[:n], tb=True)
+
+    def dw1_gemm(self, x: Any) -> None:
+        """dW1 = dz1^T X; split: dz1_lo^T X_hi + dz1_hi^T X_lo + dz1_hi^T X_hi, small ones first."""
+        n, gemm, gW1, dz1 = len(x), self.gemm, self.g.W1, self.z1[: len(x)]
+        if self.split:
+            D = self.layout.D
+            x_lo, x_hi = self.xcat[:n, :D], self.xcat[:n, D : 2 * D]
+            gemm(self.dz1_lo[:n], x_hi, gW1, ta=True)
+            gemm(dz1, x_lo, gW1, ta=True, accumulate=True)
+            gemm(dz1, x_hi, gW1, ta=True, accumulate=True)
+        else:
+            gemm(dz1, x, gW1, ta=True)
 
     def update(self, lr: float, reg: float, inv_batch: float, loss_out: Any) -> None:
         s = self.scalar
-        self._update(
-            (self.update_blocks,), (self.UPDATE_THREADS,),
-            (self.params, self.gbuf, *self.bounds, s(lr), s(reg), self.gbuf[-1:], s(inv_batch), loss_out),
+        self._kernel["sgd_update"](
+            (self.update_blocks,), (self.THREADS,),
+            (self.params, self.gbuf, *self.bounds, s(lr), s(reg), self.gbuf[-1:], s(inv_batch), loss_out,
+             np.int32(self.split), np.int32(self.layout.D), self.w1cat),
         )  # fmt: skip
 
 
-def make_step(kind: str, xp: Any, layout: model.Layout, params: Any, gbuf: Any, max_rows: int) -> Any:
-    """``kind``: generic, fused, or auto (fused with CuPy, generic with NumPy)."""
+def make_step(
+    kind: str, xp: Any, layout: model.Layout, params: Any, gbuf: Any, max_rows: int, gemm: str = "sgemm"
+) -> Any:
+    """``kind``: generic, fused, or auto (fused with CuPy, generic with NumPy). ``gemm``: how the
+    fused step's float32 GEMMs run (sgemm, tf32, tf32x3; see the module's docstring); float64
+    ignores it."""
     if kind == "fused" or (kind == "auto" and xp is not np):
         if xp is np:
             raise ValueError("step=fused needs the GPU (CuPy); use step=generic or auto on the CPU")
-        return FusedStep(layout, params, gbuf, max_rows)
+        return FusedStep(layout, params, gbuf, max_rows, gemm)
     return GenericStep(layout, params, gbuf)
