@@ -57,11 +57,7 @@ __device__ inline float tf32(float x) {  // round to the nearest TF32 value (10-
 }
 __device__ inline double tf32(double x) { return x; }  // float64 is never split
 
-#ifdef FAST_SIGMOID
-__device__ inline T sigmoid(T z) { return __frcp_rn(1.0f + __expf(-z)); }
-#else
-__device__ inline T sigmoid(T z) { return (T)1 / ((T)1 + exp(-z)); }
-#endif
+__device__ inline T sigmoid(T z) { return (T)1 / ((T)1 + exp(-z)); }  // __expf: 4% faster, less exact
 
 // Write v into the three d-wide thirds of a row as TF32 parts: hi, and lo in third lo_at.
 __device__ inline void put_split(T* row3, const int d, const int j, const T v, const int lo_at) {
