@@ -86,3 +86,20 @@ def model_gemms(H: int, x: Any) -> Callable[[], None]:
         cp.matmul(dz1.T, x, out=gW1)
 
     return run
+
+
+def fused_step(H: int, gemm: str, x: Any, y: Any, cls: Any = None) -> Any:
+    """A FusedStep (or subclass ``cls``) that has run forward and backward once on (x, y), so its
+    buffers hold a step's values: for timing its launches one by one."""
+    import cupy as cp
+
+    from trainer import model
+    from trainer.steps import FusedStep
+
+    layout = model.Layout(D=D, H=H, C=C)
+    params = cp.asarray(model.init_params(layout, 0, "float32"))
+    gbuf = cp.zeros(layout.size + 1, dtype=cp.float32)
+    s = (cls or FusedStep)(layout, params, gbuf, len(x), gemm)
+    s.forward(x, y)
+    s.backward(x, y, 1 / len(x))
+    return s

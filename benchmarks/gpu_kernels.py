@@ -14,12 +14,10 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import numpy as np
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gpu_common import D, inputs, time_ms
+from gpu_common import fused_step, inputs, time_ms
 
 H, B = 2048, 3200
 # name -> (text in trainer/steps.py's kernels, its replacement)
@@ -51,55 +49,38 @@ def graph_ms(launch, n: int = 20) -> float:
         return time_ms(lambda: graph.launch(stream), steps=10, repeats=5, warmup=2) / n
 
 
-def step_with(kernels: str, threads: int, out_rows: int, hid_rows: int, x, y):
-    import cupy as cp
+def shaped(kernels: str, threads: int, out_rows: int, hid_rows: int, x, y):
+    """A FusedStep (TF32 GEMMs) compiled from ``kernels`` with these block shapes."""
+    from trainer.steps import FusedStep
 
-    from trainer import model, steps
-
-    saved, steps._KERNELS = steps._KERNELS, kernels
-    try:
-        shape = {"THREADS": threads, "OUT_ROWS": out_rows, "HID_ROWS": hid_rows}
-        layout = model.Layout(D=D, H=H)
-        params = cp.asarray(model.init_params(layout, 0, "float32"))
-        s = type("Shaped", (steps.FusedStep,), shape)(layout, params, cp.zeros(layout.size + 1, cp.float32), B, "tf32")
-    finally:
-        steps._KERNELS = saved
-    s.forward(x, y)
-    return s
+    shape = {"KERNELS": kernels, "THREADS": threads, "OUT_ROWS": out_rows, "HID_ROWS": hid_rows}
+    return fused_step(H, "tf32", x, y, cls=type("Shaped", (FusedStep,), shape))
 
 
 def main() -> None:
     import cupy as cp
 
-    from trainer import steps
+    from trainer.steps import FusedStep
 
     xh, yh = inputs(B)
     x, y = cp.asarray(xh), cp.asarray(yh)
-    n, h = np.int32(B), np.int32(H)
     print(f"output_layer, us per launch ({cp.cuda.runtime.getDeviceProperties(0)['name'].decode()})")
     print(f"{'variant':20s} {'threads':>7s} {'rows/block':>10s} {'blocks':>6s} {'us':>7s}")
     for name, change in ABLATIONS.items():
-        if change is not None and change[0] not in steps._KERNELS:
+        if change is not None and change[0] not in FusedStep.KERNELS:
             raise SystemExit(f"ablation {name!r}: its text is no longer in trainer/steps.py; update ABLATIONS")
-        kernels = steps._KERNELS if change is None else steps._KERNELS.replace(*change)
+        kernels = FusedStep.KERNELS if change is None else FusedStep.KERNELS.replace(*change)
         for threads, out_rows in ((256, 1), (256, 2), (128, 4)):
-            s = step_with(kernels, threads, out_rows, 16, x, y)
-            grid = (-(-B // out_rows),)
-            args = (s.z1, s.p.b1, s.p.W2, s.p.b2, y, n, h, s.e, s.gbuf[-1:])
-            us = (
-                graph_ms(lambda s=s, grid=grid, args=args, t=threads: s._kernel["output_layer"](grid, (t,), args)) * 1e3
-            )
-            print(f"{name:20s} {threads:7d} {out_rows:10d} {grid[0]:6d} {us:7.1f}")
+            s = shaped(kernels, threads, out_rows, 16, x, y)
+            us = graph_ms(lambda s=s: s.output_layer(y)) * 1e3
+            print(f"{name:20s} {threads:7d} {out_rows:10d} {-(-B // out_rows):6d} {us:7.1f}")
     print("\nhidden_grad, us per launch")
     print(f"{'threads':>7s} {'rows/block':>10s} {'us':>7s}")
     for threads in (128, 256, 512):
         for hid_rows in (8, 16, 32, 64):
-            s = step_with(steps._KERNELS, threads, 1, hid_rows, x, y)
-            z1, g = s.z1.copy(), s.g  # it writes dz1 over its input: time it on a copy
-            grid = (-(-H // threads), -(-B // hid_rows))
-            args = (z1, s.p.b1, s.p.W2, s.e, n, h, np.float32(1 / B), np.int32(0), s.dz1_lo, g.b1, g.W2, g.b2)
-            kernel = s._kernel["hidden_grad"]
-            us = graph_ms(lambda k=kernel, grid=grid, args=args, t=threads: k(grid, (t,), args)) * 1e3
+            s = shaped(FusedStep.KERNELS, threads, 1, hid_rows, x, y)
+            z1 = s.z1.copy()  # it writes dz1 over its input: time it on a copy
+            us = graph_ms(lambda s=s, z1=z1: s.hidden_gradient(B, 1 / B, z1)) * 1e3
             print(f"{threads:7d} {hid_rows:10d} {us:7.1f}")
 
 

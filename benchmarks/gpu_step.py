@@ -17,12 +17,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the project, when run from a checkout
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gpu_common import LR, REG, C, D, inputs, model_gemms, our_step, time_ms
+from gpu_common import LR, REG, C, D, fused_step, inputs, model_gemms, our_step, time_ms
 
 HIDDEN = (512, 1024, 2048, 4096)
 BATCH = 3200
@@ -114,22 +112,6 @@ def measure(mode: str, compile_: bool) -> list[dict]:
     return rows
 
 
-def fused_step(H: int, gemm: str, x, y):
-    """A FusedStep (H, B=3200) that has run once, so its buffers hold a step's values."""
-    import cupy as cp
-
-    from trainer import model
-    from trainer.steps import FusedStep
-
-    layout = model.Layout(D=D, H=H, C=C)
-    params = cp.asarray(model.init_params(layout, 0, "float32"))
-    gbuf = cp.zeros(layout.size + 1, dtype=cp.float32)
-    s = FusedStep(layout, params, gbuf, len(x), gemm)
-    s.forward(x, y)
-    s.backward(x, y, 1 / len(x))
-    return s
-
-
 def breakdown(H: int, gemm: str) -> dict[str, float]:
     """GPU time of each launch of our fused step, each timed alone (H, B=3200)."""
     import cupy as cp
@@ -138,22 +120,13 @@ def breakdown(H: int, gemm: str) -> dict[str, float]:
     x, y = cp.asarray(xh), cp.asarray(yh)
     s = fused_step(H, gemm, x, y)
     loss = cp.zeros(1, dtype=cp.float32)
-    n, k = np.int32(BATCH), s._kernel
     ops = {}
     if s.split:
         ops["split X into TF32 parts"] = lambda: s._split(x, s.xcat, lo_at=0)
     ops["GEMM z1 = X W1^T" + (" (3 products)" if s.split else "")] = lambda: s.z1_gemm(x)
-    ops["output layer (sigmoid..softmax, loss)"] = lambda: k["output_layer"](
-        (-(-BATCH // s.OUT_ROWS),), (s.THREADS,),
-        (s.z1, s.p.b1, s.p.W2, s.p.b2, y, n, np.int32(H), s.e, s.gbuf[-1:]),
-    )  # fmt: skip
-    # Timed on a copy of z1: the kernel writes dz1 over its input.
-    z1 = s.z1.copy()
-    ops["hidden gradient (dz1, dW2, db1, db2)"] = lambda: k["hidden_grad"](
-        (-(-H // s.THREADS), -(-BATCH // s.HID_ROWS)), (s.THREADS,),
-        (z1, s.p.b1, s.p.W2, s.e, n, np.int32(H), np.float32(1 / BATCH), np.int32(s.split), s.dz1_lo,
-         s.g.b1, s.g.W2, s.g.b2),
-    )  # fmt: skip
+    ops["output layer (sigmoid..softmax, loss)"] = lambda: s.output_layer(y)
+    z1 = s.z1.copy()  # the hidden gradient writes dz1 over its input: time it on a copy
+    ops["hidden gradient (dz1, dW2, db1, db2)"] = lambda: s.hidden_gradient(BATCH, 1 / BATCH, z1)
     ops["GEMM dW1 = dz1^T X" + (" (3 products)" if s.split else "")] = lambda: s.dw1_gemm(x)
     ops["SGD + L2 update (+ penalty" + (", W1 split)" if s.split else ")")] = lambda: s.update(LR, REG, 1 / BATCH, loss)
     ops["whole step"] = lambda: (s.forward(x, y), s.backward(x, y, 1 / BATCH), s.update(LR, REG, 1 / BATCH, loss))

@@ -36,6 +36,7 @@ def test_gpu_run_is_checked_and_recorded(nproc, idx_dir, mlflow_uri, tmp_path):
     assert result.returncode == 0, result.stderr
     _, run = only_run(mlflow_uri)
     assert run.data.tags["sweepscale.device"] == "gpu"
+    assert run.data.tags["sweepscale.gemm"] == "dgemm"  # float64: the fused step's GEMMs are DGEMMs
     assert run.data.metrics[metrics.weight_error("max")] < 1e-12  # float64
     assert run.data.metrics[metrics.phase_time("batch")] > 0
 
@@ -109,6 +110,7 @@ def test_tf32_run_stays_close_to_float32(idx_dir, mlflow_uri, tmp_path):
     result = trainer([*COMMON[1:], "device=gpu", "tf32=true", f"data.dir={idx_dir}"], tmp_path)
     assert result.returncode == 0, result.stderr
     _, run = only_run(mlflow_uri)
+    assert run.data.tags["sweepscale.gemm"] == "tf32"
     assert run.data.metrics[metrics.weight_error("max")] < 1e-2  # TF32 GEMMs: ~1e-3 relative per product
 
 

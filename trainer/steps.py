@@ -265,6 +265,7 @@ class Gemm:
 class FusedStep:
     """The same step in 2 cuBLAS GEMMs (4 with tf32x3, plus X's split), 3 fused kernels and a memset."""
 
+    KERNELS = _KERNELS  # a class attribute, so benchmarks/gpu_kernels.py can time variants
     # Block shapes: the fastest measured (benchmarks/gpu_kernels.py, BENCHMARKS.md).
     THREADS = 256
     OUT_ROWS = 1
@@ -281,7 +282,7 @@ class FusedStep:
         ctype = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}[dtype]
         defines = {"C": layout.C, "OUT_ROWS": self.OUT_ROWS, "HID_ROWS": self.HID_ROWS}
         head = f"typedef {ctype} T;\n" + "".join(f"#define {k} {v}\n" for k, v in defines.items())
-        module = cp.RawModule(code=head + _KERNELS)
+        module = cp.RawModule(code=head + self.KERNELS)
         names = ("split_tf32", "output_layer", "hidden_grad", "sgd_update")
         self._kernel = {name: module.get_function(name) for name in names}
         self.gemm = Gemm(dtype, tensor_cores=gemm in ("tf32", "tf32x3"))
@@ -310,24 +311,33 @@ class FusedStep:
         self._kernel["split_tf32"]((blocks,), (self.THREADS,), (a, np.int32(rows), np.int32(d), np.int32(lo_at), out))
 
     def forward(self, x: Any, y: Any) -> None:
-        cp, n, H = self.cp, len(x), self.layout.H
+        cp, n = self.cp, len(x)
         cp.cuda.runtime.memsetAsync(self.tail.data.ptr, 0, self.tail.nbytes, cp.cuda.get_current_stream().ptr)
         if self.split:
             self._split(x, self.xcat[:n], lo_at=0)
         self.z1_gemm(x)
+        self.output_layer(y)
+
+    def backward(self, x: Any, y: Any, scale: float) -> None:
+        self.hidden_gradient(len(x), scale)
+        self.dw1_gemm(x)
+
+    def output_layer(self, y: Any) -> None:
+        """e = softmax(z2) - onehot(y) and the summed cross-entropy (gbuf[-1]) from z1's first len(y) rows."""
+        n, H = len(y), self.layout.H
         self._kernel["output_layer"](
             (-(-n // self.OUT_ROWS),), (self.THREADS,),
             (self.z1, self.p.b1, self.p.W2, self.p.b2, y, np.int32(n), np.int32(H), self.e, self.gbuf[-1:]),
         )  # fmt: skip
 
-    def backward(self, x: Any, y: Any, scale: float) -> None:
-        n, g, H = len(x), self.g, self.layout.H
+    def hidden_gradient(self, n: int, scale: float, z1: Any = None) -> None:
+        """dz1 written over z1 (default: the step's own), and dW2, db1, db2 added to the gradient."""
+        g, H = self.g, self.layout.H
         self._kernel["hidden_grad"](
             (-(-H // self.THREADS), -(-n // self.HID_ROWS)), (self.THREADS,),
-            (self.z1, self.p.b1, self.p.W2, self.e, np.int32(n), np.int32(H), self.scalar(scale),
-             np.int32(self.split), self.dz1_lo, g.b1, g.W2, g.b2),
+            (self.z1 if z1 is None else z1, self.p.b1, self.p.W2, self.e, np.int32(n), np.int32(H),
+             self.scalar(scale), np.int32(self.split), self.dz1_lo, g.b1, g.W2, g.b2),
         )  # fmt: skip
-        self.dw1_gemm(x)
 
     def z1_gemm(self, x: Any) -> None:
         """z1 = X W1^T; split: X_lo W1_hi + X_hi W1_lo + X_hi W1_hi, one GEMM with K = 3D."""
