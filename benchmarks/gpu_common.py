@@ -44,10 +44,13 @@ def our_step(
     allreduce: Callable[[Any], None] | None = None,
     global_batch: int = 0,
     gemm: str = "sgemm",
+    overlap: bool = False,
 ) -> Callable[[], None]:
     """One training step of ours on resident data (this rank's rows x, labels y), exactly as
     trainer/loop.py runs it; the gradient is normalised by the global batch (default: len(y)).
-    ``gemm``: how the fused step's GEMMs run (sgemm, tf32, tf32x3)."""
+    ``gemm``: how the fused step's GEMMs run (sgemm, tf32, tf32x3); ``overlap``: the fused step
+    hides an NCCL all-reduce behind its compute (each call then leaves the end of its update to
+    the next, as in training)."""
     import cupy as cp
 
     from trainer import model
@@ -57,13 +60,13 @@ def our_step(
     layout = model.Layout(D=D, H=H, C=C)
     params = cp.asarray(model.init_params(layout, 0, "float32"))
     gbuf = cp.empty(layout.size + 1, dtype=cp.float32)
-    step = make_step(kind, cp, layout, params, gbuf, len(y), gemm)
+    step = make_step(kind, cp, layout, params, gbuf, len(y), gemm, allreduce, overlap)
     loss = cp.zeros(1, dtype=cp.float32)
     schedule = Schedule(batch_size=global_batch or len(y), lr=LR, reg=REG, epochs=1)
 
     def run() -> None:
         loss.fill(0)
-        sgd_step(step, x, y, schedule.batch_size, gbuf, allreduce, schedule, loss)
+        sgd_step(step, x, y, schedule.batch_size, schedule, loss)
 
     return run
 

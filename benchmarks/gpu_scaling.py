@@ -1,5 +1,6 @@
-"""Data-parallel scaling of our fused step over 1, 2 and 4 GPUs of one host, NCCL against the
-seeds' host-staged MPI all-reduce. H=2048.
+"""Data-parallel scaling of our fused step over 1, 2 and 4 GPUs of one host: NCCL overlapped
+with the step's compute (nccl-overlap: overlap=always, as the trainer sets NCCL up for it), NCCL
+after the backward pass (nccl), and the seeds' host-staged MPI all-reduce (mpi). H=2048.
 
     python benchmarks/gpu_scaling.py              # launches mpiexec -n 1, 2, 4 itself
 
@@ -28,6 +29,8 @@ CASES = [
     ("strong", "FP32 3xTF32", 12800, "tf32x3"),
     ("strong", "TF32", 12800, "tf32"),
 ]
+# label: (comm, overlap)
+COMMS = {"nccl-overlap": ("nccl", True), "nccl": ("nccl", False), "mpi": ("mpi", False)}
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -43,10 +46,12 @@ def worker(args: argparse.Namespace) -> None:
     lo, hi = local_rows(global_batch, world.size, world.rank)
     xh, yh = inputs(hi - lo, seed=world.rank)
     n = model.Layout(D=784, H=H).size + 1
-    allreduce = parallel.make_allreduce(args.comm, world, True, cp.cuda.runtime.getDeviceCount(), cp, n, cp.float32)
+    gpus = cp.cuda.runtime.getDeviceCount()
+    allreduce = parallel.make_allreduce(args.comm, world, True, gpus, cp, n, cp.float32, args.overlap)
     step = our_step(
-        "fused", H, cp.asarray(xh), cp.asarray(yh), allreduce if world.size > 1 else None, global_batch, args.gemm
-    )
+        "fused", H, cp.asarray(xh), cp.asarray(yh), allreduce if world.size > 1 else None, global_batch, args.gemm,
+        args.overlap,
+    )  # fmt: skip
     ms = time_ms(step)
     if world.rank == 0:
         print("JSON " + json.dumps({"ms": ms, "comm": type(allreduce).__name__}), flush=True)
@@ -55,8 +60,10 @@ def worker(args: argparse.Namespace) -> None:
 def run(nproc: int, kind: str, gemm: str, batch: int, comm: str) -> float:
     from trainer import parallel
 
+    comm, overlap = COMMS[comm]
     cmd = [parallel.find_mpiexec(None), "-n", str(nproc), sys.executable, __file__, "--worker", "--nproc",
            str(nproc), "--kind", kind, "--batch", str(batch), "--comm", comm, "--gemm", gemm]  # fmt: skip
+    cmd += ["--overlap"] if overlap else []
     env = parallel.mpiexec_env()
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     lines = [line for line in out.stdout.splitlines() if line.startswith("JSON ")]
@@ -73,15 +80,16 @@ def main() -> None:
     parser.add_argument("--kind", default="weak")
     parser.add_argument("--batch", type=int, default=3200)
     parser.add_argument("--comm", default="nccl")
+    parser.add_argument("--overlap", action="store_true")
     parser.add_argument("--gemm", default="sgemm")
     parser.add_argument("--gpus", type=int, nargs="+", default=[1, 2, 4])
-    parser.add_argument("--comms", nargs="+", default=["nccl", "mpi"], help="all-reduces to compare")
+    parser.add_argument("--comms", nargs="+", default=list(COMMS), choices=list(COMMS), help="all-reduces to compare")
     parser.add_argument("--cases", nargs="+", help='only these, e.g. "weak TF32" (default: all)')
     args = parser.parse_args()
     if args.worker:
         worker(args)
         return
-    print(f"{'case':22s} {'comm':5s} " + " ".join(f"{f'{p} GPU ms':>10s}" for p in args.gpus) + "   ratio t1/tP")
+    print(f"{'case':22s} {'comm':12s} " + " ".join(f"{f'{p} GPU ms':>10s}" for p in args.gpus) + "   ratio t1/tP")
     for kind, label, batch, gemm in CASES:
         if args.cases and f"{kind} {label}" not in args.cases:
             continue
@@ -89,7 +97,7 @@ def main() -> None:
         for comm in args.comms:
             times = [base] + [run(p, kind, gemm, batch, comm) for p in args.gpus[1:]]
             ratios = " ".join(f"{base / t:6.2f}" for t in times[1:])
-            print(f"{kind + ' ' + label:22s} {comm:5s} " + " ".join(f"{t:10.3f}" for t in times) + f"   {ratios}")
+            print(f"{kind + ' ' + label:22s} {comm:12s} " + " ".join(f"{t:10.3f}" for t in times) + f"   {ratios}")
             sys.stdout.flush()
     sys.stdout.flush()
 

@@ -7,7 +7,7 @@ from hydra.errors import ConfigCompositionException
 
 from tests.conftest import compose
 from trainer.config import ConfigError, config_hash, validate
-from trainer.run import gemm_mode
+from trainer.run import gemm_mode, overlap_wanted
 
 
 def test_defaults_and_overrides():
@@ -46,6 +46,28 @@ def test_gemm_mode_follows_tf32_dtype_and_fp32_gemm():
     assert gemm_mode(compose(["fp32_gemm=sgemm"])) == "sgemm"
     assert gemm_mode(compose(["tf32=true"])) == "tf32"
     assert gemm_mode(compose(["dtype=float64"])) == "dgemm"
+
+
+def test_overlap_true_is_rejected_with_the_choices():
+    with pytest.raises(ConfigCompositionException) as e:
+        compose(["overlap=true"])
+    assert "Invalid value 'True', expected one of [auto, always, never]" in str(e.value.__cause__)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "step", "wanted"),
+    [
+        (["nproc=2"], "fused", False),  # auto with the default tf32x3 GEMMs: off
+        (["nproc=2", "tf32=true"], "fused", False),
+        (["nproc=2", "fp32_gemm=sgemm"], "fused", True),  # auto with SGEMM: on
+        (["nproc=2", "overlap=always"], "fused", True),
+        (["nproc=2", "fp32_gemm=sgemm", "overlap=never"], "fused", False),
+        (["nproc=1", "overlap=always"], "fused", False),  # nothing to sum
+        (["nproc=2", "overlap=always"], "generic", False),  # the fused step's feature
+    ],
+)
+def test_overlap_wanted(overrides, step, wanted):
+    assert overlap_wanted(compose(overrides), step) is wanted
 
 
 @pytest.mark.parametrize(

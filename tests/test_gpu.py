@@ -82,6 +82,35 @@ def test_fused_step_matches_generic_step(dtype, gemm, tol):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize(("dtype", "gemm", "tol"), [("float64", "sgemm", 1e-12), ("float32", "tf32x3", 1e-5)])
+def test_overlapped_step_matches_serial_step(dtype, gemm, tol):
+    """On one GPU, NCCL with a world of one rank: the overlapped step (sums on a side stream, W1
+    in halves, the end of each update left to the next forward) trains the same weights and
+    losses as the fused step that all-reduces after its backward pass."""
+    import cupy
+
+    from trainer import parallel
+
+    world = parallel.join_world(1)
+    ds = data.load(None, 701, None, dtype)
+    layout = model.Layout(D=784, H=300)
+    schedule = Schedule(batch_size=256, lr=0.2, reg=1e-3, epochs=2, shuffle=True, seed=5)
+    x, y = cupy.asarray(ds.x_train), cupy.asarray(ds.y_train)
+    results = {}
+    for overlap in (False, True):
+        losses = []
+        params = cupy.asarray(model.init_params(layout, 1, dtype))
+        fit(
+            cupy, layout, params, x, y, schedule, allreduce=parallel.NcclAllreduce(world, dtype),
+            on_epoch=lambda e, out=losses: out.append(e.losses), step_kind="fused", gemm=gemm, overlap=overlap,
+        )  # fmt: skip
+        results[overlap] = (params.get(), np.concatenate(losses))
+    (ps, ls), (po, lo) = results[False], results[True]
+    assert np.linalg.norm(po - ps) / np.linalg.norm(ps) < tol
+    np.testing.assert_allclose(lo, ls, rtol=tol)
+
+
+@pytest.mark.gpu
 def test_tf32x3_keeps_float32_accuracy():
     """One batch's loss gradient against float64: three TF32 products are as close as SGEMM,
     plain TF32 is orders of magnitude off."""
@@ -116,11 +145,28 @@ def test_tf32_run_stays_close_to_float32(idx_dir, mlflow_uri, tmp_path):
 
 @pytest.mark.gpu
 @pytest.mark.mpi
-def test_nccl_allreduce_matches_reference(idx_dir, mlflow_uri, tmp_path):
+@pytest.mark.parametrize(
+    ("overlap", "extra", "tol"),
+    [
+        ("never", [], 1e-12),
+        ("always", [], 1e-12),
+        ("always", ["hidden=1"], 1e-12),  # W1's second half has no rows: only b1, W2, b2, loss
+        ("always", ["dtype=float32", "fp32_gemm=tf32x3", "hidden=300"], 1e-5),
+        ("auto", ["dtype=float32", "fp32_gemm=sgemm", "hidden=300"], 1e-5),  # auto: on with SGEMM
+    ],
+)
+def test_nccl_allreduce_matches_reference(overlap, extra, tol, idx_dir, mlflow_uri, tmp_path):
+    """2 ranks with NCCL against the sequential CPU reference, with the all-reduce after the
+    backward pass and overlapped with the compute. 57 samples in batches of 7 end with a batch
+    of 1: a rank without rows must still join both halves' sums."""
     if gpu_count() < 2:
         pytest.skip("NCCL needs a GPU per rank: this machine has fewer than 2 GPUs")
-    result = trainer([*COMMON, "device=gpu", "nproc=2", "comm=nccl", f"data.dir={idx_dir}"], tmp_path)
+    args = [*COMMON, "device=gpu", "nproc=2", "comm=nccl", f"overlap={overlap}", f"data.dir={idx_dir}", *extra]
+    result = trainer(args, tmp_path)
     assert result.returncode == 0, result.stderr
     _, run = only_run(mlflow_uri)
     assert run.data.tags["sweepscale.comm"] == "NcclAllreduce"
-    assert run.data.metrics[metrics.weight_error("max")] < 1e-12
+    overlapped = overlap != "never"
+    assert run.data.tags["sweepscale.overlap"] == str(overlapped).lower()
+    assert run.data.metrics[metrics.weight_error("max")] < tol
+    assert (metrics.ALLREDUCE_GBPS in run.data.metrics) != overlapped  # overlapped, the phase is a wait

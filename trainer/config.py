@@ -42,6 +42,12 @@ class Fp32Gemm(str, Enum):
     tf32x3 = "tf32x3"  # float32 accuracy from three TF32 tensor-core products (trainer/steps.py)
 
 
+class Overlap(str, Enum):
+    auto = "auto"  # with SGEMM only: the one GEMM mode it speeds up (BENCHMARKS.md)
+    always = "always"  # the fused step with NCCL sums W1's gradient in halves behind its compute
+    never = "never"  # all-reduce after the backward pass
+
+
 class DType(str, Enum):
     float32 = "float32"
     float64 = "float64"
@@ -127,6 +133,7 @@ class TrainerConfig:
     comm: Comm = MISSING
     tf32: bool = MISSING  # float32 storage, TF32 tensor-core GEMMs
     fp32_gemm: Fp32Gemm = MISSING  # the fused step's float32 GEMMs when tf32=false
+    overlap: Overlap = MISSING  # fused step with NCCL: all-reduce behind the step's compute
     profile: bool = MISSING  # NVTX ranges per phase, for Nsight Systems
     data: DataConfig = field(default_factory=DataConfig)
     check: CheckConfig = field(default_factory=CheckConfig)

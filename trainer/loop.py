@@ -70,13 +70,12 @@ def sgd_step(
     xb: Any,
     yb: Any,
     global_rows: int,
-    gbuf: Any,
-    allreduce: Callable[[Any], None] | None,
     schedule: Schedule,
     loss_out: Any,
     clock: PhaseClock | None = None,
 ) -> None:
-    """forward -> backward -> all-reduce -> update for this rank's rows of one global batch."""
+    """forward -> backward -> all-reduce -> update for this rank's rows of one global batch
+    (``step``: trainer/steps.py, which owns the gradient buffer and the all-reduce)."""
     if len(yb):
         step.forward(xb, yb)
     if clock:
@@ -84,11 +83,10 @@ def sgd_step(
     if len(yb):
         step.backward(xb, yb, 1.0 / global_rows)
     else:  # a short last batch can leave a rank without samples
-        gbuf.fill(0)
+        step.zero_gradient()
     if clock:
         clock.mark()
-    if allreduce is not None:
-        allreduce(gbuf)
+    step.reduce()
     if clock:
         clock.mark()
     step.update(schedule.lr, schedule.reg, 1.0 / global_rows, loss_out)
@@ -111,6 +109,7 @@ def fit(
     fault_iteration: int | None = None,
     step_kind: str = "generic",
     gemm: str = "sgemm",
+    overlap: bool = False,
 ) -> Any:
     """Train ``params`` (a flat xp array, updated in place) and return it.
 
@@ -118,10 +117,11 @@ def fit(
     copied to the device one slice per batch (the "h2d" phase). Every rank runs this with the
     same params and schedule; ``allreduce`` sums the flat gradient buffer over the ranks.
     ``step_kind`` picks the implementation of the step and ``gemm`` how its float32 GEMMs run
-    (trainer/steps.py).
+    (trainer/steps.py); ``overlap`` hides an NCCL all-reduce behind the fused step's compute.
     """
     gbuf = xp.empty(layout.size + 1, dtype=params.dtype)  # gradient, then summed cross-entropy
-    step = make_step(step_kind, xp, layout, params, gbuf, -(-schedule.batch_size // size), gemm)
+    max_rows = -(-schedule.batch_size // size)
+    step = make_step(step_kind, xp, layout, params, gbuf, max_rows, gemm, allreduce, overlap)
     n = len(y)
     n_batches = -(-n // schedule.batch_size)
     iteration = 0
@@ -147,9 +147,10 @@ def fit(
                 clock.mark()
             if fault_iteration is not None and iteration == fault_iteration:
                 raise InjectedFaultError(f"fault injected on rank {rank} at iteration {iteration} (config fault.*)")
-            sgd_step(step, xb, yb, stop - start, gbuf, allreduce, schedule, losses[b : b + 1], clock)
+            sgd_step(step, xb, yb, stop - start, schedule, losses[b : b + 1], clock)
             sizes[b] = stop - start
             iteration += 1
+        step.finish()  # the weights and the losses are complete past this point
         host_losses = losses.get() if xp is not np else losses  # waits for the epoch's work
         seconds = time.perf_counter() - t0
         if clock:

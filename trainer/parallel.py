@@ -141,28 +141,57 @@ class HostAllreduce:
 
 
 class NcclAllreduce:
-    """Sum a flat device buffer over all ranks with NCCL, in place, on the current stream.
+    """Sum a flat device buffer over all ranks with NCCL, in place: on the current stream
+    (``__call__``), or on a side stream beside the compute (``start``).
 
-    The unique id travels over MPI; each rank must have a GPU of its own."""
+    The unique id travels over MPI; each rank must have a GPU of its own. ``max_ctas`` caps the
+    thread blocks NCCL takes per GPU (NCCL_MAX_CTAS, unless the environment sets it): fewer
+    blocks take longer alone but slow a concurrent GEMM less (benchmarks/gpu_overlap.py)."""
 
-    def __init__(self, world: World, dtype: Any) -> None:
+    def __init__(self, world: World, dtype: Any, max_ctas: int | None = None) -> None:
+        import cupy
         from cupy.cuda import nccl
 
+        if max_ctas:  # NCCL reads it when the process's first communicator is created
+            os.environ.setdefault("NCCL_MAX_CTAS", str(max_ctas))
         uid = world.comm.bcast(nccl.get_unique_id() if world.rank == 0 else None)
-        self.nccl = nccl
+        self.nccl, self.cupy = nccl, cupy
         self.comm = nccl.NcclCommunicator(world.size, uid, world.rank)
         kinds = {np.dtype(np.float32): nccl.NCCL_FLOAT32, np.dtype(np.float64): nccl.NCCL_FLOAT64}
         self.dtype = kinds[np.dtype(dtype)]
+        # The side stream: non-blocking (no implicit synchronisation with the default stream) and
+        # of the highest priority (-100 is clamped to it), so NCCL's blocks are scheduled ahead of
+        # the compute's queued ones: the overlapped step at 4 GPUs took 0.62 ms so, 0.66 ms with a
+        # default-priority stream (BENCHMARKS.md).
+        self.runtime = runtime = cupy.cuda.runtime
+        self.side = runtime.streamCreateWithPriority(runtime.streamNonBlocking, -100)  # lives with the process
+        self.ready = cupy.cuda.Event(disable_timing=True)
 
     def __call__(self, buf: Any) -> None:
-        import cupy
+        self._sum(buf, self.cupy.cuda.get_current_stream().ptr)
 
-        stream = cupy.cuda.get_current_stream().ptr
+    def start(self, buf: Any, done: Any) -> None:
+        """Queue the sum of ``buf`` on the side stream once the work queued so far on the current
+        stream is done, and record ``done`` (a cupy Event) after it. Nothing waits here: the
+        caller makes its stream wait for ``done`` where it needs the sum."""
+        self.ready.record()
+        self.runtime.streamWaitEvent(self.side, self.ready.ptr)  # this record: ``ready`` may be recorded again
+        self._sum(buf, self.side)
+        self.runtime.eventRecord(done.ptr, self.side)
+
+    def _sum(self, buf: Any, stream: int) -> None:
         self.comm.allReduce(buf.data.ptr, buf.data.ptr, buf.size, self.dtype, self.nccl.NCCL_SUM, stream)
 
 
-def make_allreduce(comm: str, world: World, on_gpu: bool, n_gpus: int, xp: Any, n: int, dtype: Any) -> Any:
-    """comm=auto: NCCL on GPUs when every rank of this node has a GPU of its own, else MPI."""
+# NCCL's blocks per GPU when its sums overlap the step's GEMMs: 8 beat NCCL's default (BENCHMARKS.md).
+OVERLAP_MAX_CTAS = 8
+
+
+def make_allreduce(
+    comm: str, world: World, on_gpu: bool, n_gpus: int, xp: Any, n: int, dtype: Any, overlap: bool = False
+) -> Any:
+    """comm=auto: NCCL on GPUs when every rank of this node has a GPU of its own, else MPI.
+    ``overlap``: NCCL's sums will run beside the step's compute (fewer blocks)."""
     own_gpu = on_gpu and n_gpus >= world.local_size
     if comm == "nccl" and not own_gpu:
         raise ConfigError(
@@ -170,5 +199,5 @@ def make_allreduce(comm: str, world: World, on_gpu: bool, n_gpus: int, xp: Any, 
             "use comm=mpi or comm=auto"
         )
     if world.size > 1 and (comm == "nccl" or (comm == "auto" and own_gpu)):
-        return NcclAllreduce(world, dtype)
+        return NcclAllreduce(world, dtype, OVERLAP_MAX_CTAS if overlap else None)
     return HostAllreduce(world, xp, n, dtype)

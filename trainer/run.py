@@ -19,7 +19,7 @@ from trainer import console, flops, metrics, model, parallel, reference, trackin
 from trainer import data as data_mod
 from trainer.backend import Backend, gpu_count, select
 from trainer.clock import PhaseClock
-from trainer.config import ConfigError, config_hash, validate
+from trainer.config import ConfigError, Overlap, config_hash, validate
 from trainer.loop import STEP_PHASES, EpochResult, Schedule, fit
 
 
@@ -149,14 +149,16 @@ def train_on_rank(
         x_train, y_train = _pinned(ds.x_train), _pinned(ds.y_train)
     x_test, y_test = xp.asarray(ds.x_test), xp.asarray(ds.y_test)
     clock = PhaseClock(STEP_PHASES, gpu=backend.kind == "gpu", nvtx=cfg.profile)
+    step = step_name(cfg, backend)
     allreduce = parallel.make_allreduce(
-        cfg.comm.value, world, backend.kind == "gpu", backend.n_devices, xp, layout.size + 1, params.dtype
-    )
+        cfg.comm.value, world, backend.kind == "gpu", backend.n_devices, xp, layout.size + 1, params.dtype,
+        overlap_wanted(cfg, step),
+    )  # fmt: skip
+    overlap = overlap_wanted(cfg, step) and isinstance(allreduce, parallel.NcclAllreduce)
     if recorder is not None:
-        step = step_name(cfg, backend)
         recorder.set_tags({"sweepscale.comm": type(allreduce).__name__, "sweepscale.step": step})
         if step == "fused":
-            recorder.set_tags({"sweepscale.gemm": gemm_mode(cfg)})
+            recorder.set_tags({"sweepscale.gemm": gemm_mode(cfg), "sweepscale.overlap": str(overlap).lower()})
 
     def on_epoch(e: EpochResult) -> None:
         if recorder is None:
@@ -177,13 +179,13 @@ def train_on_rank(
     fault = cfg.fault.iteration if cfg.fault.rank == world.rank else None
     fit(
         xp, layout, params, x_train, y_train, schedule, world.rank, world.size, allreduce, clock, on_epoch, fault,
-        step_kind=cfg.step.value, gemm=gemm_mode(cfg),
+        step_kind=cfg.step.value, gemm=gemm_mode(cfg), overlap=overlap,
     )  # fmt: skip
     if recorder is None:
         return
     final = backend.to_host(params)
     phase_ms = clock.medians()
-    record_performance(recorder, cfg, layout, backend, phase_ms, world.size)
+    record_performance(recorder, cfg, layout, backend, phase_ms, world.size, overlap)
     rows = {
         "final loss": f"{last['loss']:.5f}",
         "test precision": "-" if last["precision"] is None else f"{last['precision']:.4f}",
@@ -220,6 +222,15 @@ def gemm_mode(cfg: DictConfig) -> str:
     return "tf32" if cfg.tf32 else cfg.fp32_gemm.value
 
 
+def overlap_wanted(cfg: DictConfig, step: str) -> bool:
+    """Whether the fused step should sum W1's gradient in halves behind its compute (with NCCL).
+    overlap=auto: with SGEMM only, where it was measured to pay; halving the tensor-core GEMMs
+    (tf32, tf32x3) costs more than the hidden sum saves (BENCHMARKS.md)."""
+    if step != "fused" or cfg.nproc == 1 or cfg.overlap == Overlap.never:
+        return False
+    return cfg.overlap == Overlap.always or gemm_mode(cfg) == "sgemm"
+
+
 def _pinned(a: np.ndarray) -> Any:
     import cupyx
 
@@ -235,8 +246,10 @@ def record_performance(
     backend: Backend,
     phase_ms: dict[str, float],
     nproc: int,
+    overlap: bool = False,
 ) -> None:
-    """Median phase times, and the FLOP model's rates for a full batch of the global size."""
+    """Median phase times, and the FLOP model's rates for a full batch of the global size.
+    With ``overlap`` the allreduce phase is only a wait, so no all-reduce bandwidth is derived."""
     B, D, H, C = cfg.batch_size, layout.D, layout.H, layout.C
     batch_flops = flops.batch_flops(B, D, H, C)
     ar_bytes = flops.allreduce_bytes(D, H, C, np.dtype(cfg.dtype.value).itemsize)
@@ -253,5 +266,5 @@ def record_performance(
     if peak:
         recorder.metric(metrics.UTILIZATION, tflops / (peak * nproc))
         recorder.set_tags({"sweepscale.peak_tflops_per_device": str(peak)})
-    if nproc > 1 and phase_ms.get("allreduce", 0) > 0:
+    if nproc > 1 and not overlap and phase_ms.get("allreduce", 0) > 0:
         recorder.metric(metrics.ALLREDUCE_GBPS, ar_bytes / (phase_ms["allreduce"] / 1e3) / 1e9)

@@ -16,6 +16,16 @@ In float32 the large GEMMs run one of three ways (``gemm``):
   with float32 accumulation: three tensor-core products, the dropped lo*lo term is ~2^-22. The
   splits ride along kernels that already touch the data (W1 in the update, dz1 in the hidden
   gradient); X is split once per batch.
+
+With NCCL the fused step can hide the all-reduce behind its own compute (``overlap``): W1's rows
+are taken in two halves. The sum of the first half's dW1 runs on a side stream while the second
+half's dW1 is computed; the sum of the second half (with db1, dW2, db2 and the loss) runs while
+the first half of W1 is updated and the next batch's first half of z1 = X W1^T is computed. So
+the rest of an update is done by the next forward (or by ``finish``, before anyone reads the
+weights), and the step's "allreduce" phase is only the wait for the first half's sum.
+
+Every step has the same five calls, which trainer/loop.py makes in order: forward, backward (or
+zero_gradient for a rank without rows), reduce, update, and finish at the end of an epoch.
 """
 
 from __future__ import annotations
@@ -28,8 +38,9 @@ from trainer import model
 
 
 class GenericStep:
-    def __init__(self, layout: model.Layout, params: Any, gbuf: Any) -> None:
+    def __init__(self, layout: model.Layout, params: Any, gbuf: Any, allreduce: Any = None) -> None:
         self.p, self.g, self.gbuf = layout.views(params), layout.views(gbuf[:-1]), gbuf
+        self.allreduce = allreduce
 
     def forward(self, x: Any, y: Any) -> None:
         self.a1, z2 = model.forward(self.p, x)
@@ -39,10 +50,22 @@ class GenericStep:
         model.backward(self.p, x, y, self.a1, self.yhat, scale, self.g)
         self.gbuf[-1] = self.ce_sum
 
+    def zero_gradient(self) -> None:
+        """Instead of forward and backward when this rank has no rows of the batch."""
+        self.gbuf.fill(0)
+
+    def reduce(self) -> None:
+        """Sum the gradient (and the loss) over the ranks, if there are several."""
+        if self.allreduce is not None:
+            self.allreduce(self.gbuf)
+
     def update(self, lr: float, reg: float, inv_batch: float, loss_out: Any) -> None:
         """loss_out[0] <- this batch's global loss (before the update); then update in place."""
         loss_out[0] = self.gbuf[-1] * inv_batch + model.penalty(self.p, reg)
         model.sgd_update(self.p, self.g, lr, reg)
+
+    def finish(self) -> None:
+        """Nothing is left queued: the update is complete when ``update`` returns."""
 
 
 _KERNELS = r"""
@@ -179,15 +202,16 @@ extern "C" __global__ void hidden_grad(T* __restrict__ z1, const T* __restrict__
     for (int c = 0; c < C; ++c) atomicAdd(gW2 + (long long)c * H + h, scale * acc[c]);
 }
 
-extern "C" __global__ void sgd_update(T* p, const T* g, const long long n, const long long w1_end,
-                                      const long long w2_begin, const long long w2_end, const T lr,
-                                      const T reg, const T* ce_sum, const T inv_batch, T* loss_out,
+extern "C" __global__ void sgd_update(T* p, const T* g, const long long begin, const long long end,
+                                      const long long w1_end, const long long w2_begin, const long long w2_end,
+                                      const T lr, const T reg, const T* ce_sum, const T inv_batch, T* loss_out,
                                       const int split, const int D, T* w1cat) {
-    // p <- p - lr (g + reg W) (biases: no reg). loss_out[0] += inv_batch * ce_sum + reg/2 ||W||^2
-    // with the weights before the update; loss_out must start at 0. If split, the new W1 also
-    // goes into w1cat (H x 3D) as [hi | lo | hi] for the next forward's tf32x3 GEMM.
+    // p[k] <- p[k] - lr (g[k] + reg W) for k in [begin, end) (biases: no reg). loss_out[0] +=
+    // reg/2 ||W||^2 over these weights before the update, and inv_batch * ce_sum[0] unless ce_sum
+    // is null; loss_out must start at 0. If split, the new W1 also goes into w1cat (H x 3D) as
+    // [hi | lo | hi] for the next forward's tf32x3 GEMM.
     T pen = 0;
-    for (long long k = blockIdx.x * (long long)blockDim.x + threadIdx.x; k < n;
+    for (long long k = begin + blockIdx.x * (long long)blockDim.x + threadIdx.x; k < end;
          k += (long long)gridDim.x * blockDim.x) {
         const T w = p[k];
         T gk = g[k];
@@ -207,7 +231,7 @@ extern "C" __global__ void sgd_update(T* p, const T* g, const long long n, const
         T total = 0;
         for (int w = 0; w < blockDim.x / 32; ++w) total += part[w];
         total *= reg / 2;
-        if (blockIdx.x == 0) total += inv_batch * ce_sum[0];
+        if (blockIdx.x == 0 && ce_sum) total += inv_batch * ce_sum[0];
         atomicAdd(loss_out, total);
     }
 }
@@ -249,16 +273,17 @@ class Gemm:
         self.one, self.zero = np.ones(1, dtype=dtype), np.zeros(1, dtype=dtype)
 
     def __call__(self, a: Any, b: Any, out: Any, ta: bool = False, tb: bool = False, accumulate: bool = False) -> None:
-        """a and b: rows contiguous (a column slice of a C-contiguous array is fine); out: C-contiguous."""
+        """a, b and out: rows contiguous (a column slice of a C-contiguous array is fine)."""
         m, n = out.shape
         k = a.shape[0] if ta else a.shape[1]
         op = self.op
         self.cublas.setStream(self.handle, self.cupy.cuda.get_current_stream().ptr)
-        lda, ldb = a.strides[0] // a.itemsize, b.strides[0] // b.itemsize  # column slices keep their row stride
+        # Column slices keep their row stride.
+        lda, ldb, ldc = (v.strides[0] // v.itemsize for v in (a, b, out))
         beta = self.one if accumulate else self.zero
         self.fn(
             self.handle, op[tb], op[ta], n, m, k, self.one.ctypes.data, b.data.ptr, ldb,
-            a.data.ptr, lda, beta.ctypes.data, out.data.ptr, n,
+            a.data.ptr, lda, beta.ctypes.data, out.data.ptr, ldc,
         )  # fmt: skip
 
 
@@ -271,7 +296,16 @@ class FusedStep:
     OUT_ROWS = 1
     HID_ROWS = 16
 
-    def __init__(self, layout: model.Layout, params: Any, gbuf: Any, max_rows: int, gemm: str) -> None:
+    def __init__(
+        self,
+        layout: model.Layout,
+        params: Any,
+        gbuf: Any,
+        max_rows: int,
+        gemm: str,
+        allreduce: Any = None,
+        overlap: bool = False,
+    ) -> None:
         import cupy as cp
 
         self.cp, self.layout = cp, layout
@@ -291,11 +325,9 @@ class FusedStep:
         self.e = cp.empty((max_rows, C), dtype=dtype)  # softmax(z2) - onehot(y)
         self.tail = gbuf[H * D :]  # db1, dW2, db2, loss: sums of atomics, zeroed each step
         self.scalar = dtype.type
-        n = layout.size
-        sm = cp.cuda.Device().attributes["MultiProcessorCount"]
-        self.update_blocks = min(-(-n // self.THREADS), 8 * sm)
+        self.sm = cp.cuda.Device().attributes["MultiProcessorCount"]
         w1_end, w2_begin = H * D, H * D + H  # weights: [0, w1_end) and [w2_begin, w2_end)
-        self.bounds = tuple(np.int64(v) for v in (n, w1_end, w2_begin, w2_begin + C * H))
+        self.bounds = tuple(np.int64(v) for v in (w1_end, w2_begin, w2_begin + C * H))
         if self.split:
             # K-concatenated operands of z1's GEMM, small products first (summed first, they lose less).
             self.xcat = cp.empty((max_rows, 3 * D), dtype=dtype)  # [X_lo | X_hi | X_hi]
@@ -304,6 +336,16 @@ class FusedStep:
             self._split(self.p.W1, self.w1cat, lo_at=1)
         else:
             self.w1cat = self.dz1_lo = cp.empty(1, dtype=dtype)  # unused kernel arguments
+        # The all-reduce, and with overlap W1's rows in two parts, each summed as soon as its dW1 is
+        # computed: part 0 = gbuf[:cut] (dW1's first rows), part 1 = the rest (with b1, W2, b2, loss).
+        self.allreduce = allreduce
+        self.overlap = overlap and hasattr(allreduce, "start")  # NcclAllreduce can
+        h0 = (H + 1) // 2 if self.overlap else H
+        self.row_parts = ((0, h0), (h0, H)) if self.overlap else ((0, H),)
+        self.cut = h0 * D
+        self.parts = (gbuf[: self.cut], gbuf[self.cut :])
+        self.summed = [cp.cuda.Event(disable_timing=True) for _ in self.parts]  # recorded by NCCL's stream
+        self.pending: tuple[Any, ...] | None = None  # the rest of the last update (overlap)
 
     def _split(self, a: Any, out: Any, lo_at: int) -> None:
         rows, d = a.shape
@@ -312,15 +354,37 @@ class FusedStep:
 
     def forward(self, x: Any, y: Any) -> None:
         cp, n = self.cp, len(x)
-        cp.cuda.runtime.memsetAsync(self.tail.data.ptr, 0, self.tail.nbytes, cp.cuda.get_current_stream().ptr)
         if self.split:
             self._split(x, self.xcat[:n], lo_at=0)
-        self.z1_gemm(x)
+        (lo, hi), *rest = self.row_parts
+        self.z1_gemm(x, lo, hi)  # with overlap: W1's first rows, updated already
+        self._finish_update()  # with overlap: the rest of W1, b1, W2, b2, once their sum is in
+        cp.cuda.runtime.memsetAsync(self.tail.data.ptr, 0, self.tail.nbytes, cp.cuda.get_current_stream().ptr)
+        for lo, hi in rest:
+            self.z1_gemm(x, lo, hi)
         self.output_layer(y)
 
     def backward(self, x: Any, y: Any, scale: float) -> None:
         self.hidden_gradient(len(x), scale)
-        self.dw1_gemm(x)
+        for i, (lo, hi) in enumerate(self.row_parts):
+            self.dw1_gemm(x, lo, hi)
+            if self.overlap:  # sum this part on NCCL's stream while the next is computed
+                self.allreduce.start(self.parts[i], self.summed[i])
+
+    def zero_gradient(self) -> None:
+        """Instead of forward and backward when this rank has no rows of the batch; with
+        overlap it still starts the same sums as the other ranks."""
+        self._finish_update()
+        self.gbuf.fill(0)
+        for part, done in zip(self.parts, self.summed) if self.overlap else ():
+            self.allreduce.start(part, done)
+
+    def reduce(self) -> None:
+        """Sum the gradient over the ranks; with overlap, wait (on the GPU) for the first part's sum."""
+        if self.overlap:
+            self.cp.cuda.get_current_stream().wait_event(self.summed[0])
+        elif self.allreduce is not None:
+            self.allreduce(self.gbuf)
 
     def output_layer(self, y: Any) -> None:
         """e = softmax(z2) - onehot(y) and the summed cross-entropy (gbuf[-1]) from z1's first len(y) rows."""
@@ -339,43 +403,76 @@ class FusedStep:
              self.scalar(scale), np.int32(self.split), self.dz1_lo, g.b1, g.W2, g.b2),
         )  # fmt: skip
 
-    def z1_gemm(self, x: Any) -> None:
-        """z1 = X W1^T; split: X_lo W1_hi + X_hi W1_lo + X_hi W1_hi, one GEMM with K = 3D."""
+    def z1_gemm(self, x: Any, lo: int = 0, hi: int | None = None) -> None:
+        """Columns [lo, hi) of z1 = X W1^T (W1's rows lo..hi); split: X_lo W1_hi + X_hi W1_lo +
+        X_hi W1_hi, one GEMM with K = 3D."""
         n = len(x)
-        if self.split:
-            self.gemm(self.xcat[:n], self.w1cat, self.z1[:n], tb=True)
-        else:
-            self.gemm(x, self.p.W1, self.z1[:n], tb=True)
+        a, w1 = (self.xcat[:n], self.w1cat) if self.split else (x, self.p.W1)
+        self.gemm(a, w1[lo:hi], self.z1[:n, lo:hi], tb=True)
 
-    def dw1_gemm(self, x: Any) -> None:
-        """dW1 = dz1^T X; split: dz1_lo^T X_hi + dz1_hi^T X_lo + dz1_hi^T X_hi, small ones first."""
-        n, gemm, gW1, dz1 = len(x), self.gemm, self.g.W1, self.z1[: len(x)]
+    def dw1_gemm(self, x: Any, lo: int = 0, hi: int | None = None) -> None:
+        """Rows [lo, hi) of dW1 = dz1^T X; split: dz1_lo^T X_hi + dz1_hi^T X_lo + dz1_hi^T X_hi,
+        small ones first."""
+        n, gemm, gW1, dz1 = len(x), self.gemm, self.g.W1[lo:hi], self.z1[: len(x), lo:hi]
         if self.split:
             D = self.layout.D
             x_lo, x_hi = self.xcat[:n, :D], self.xcat[:n, D : 2 * D]
-            gemm(self.dz1_lo[:n], x_hi, gW1, ta=True)
+            gemm(self.dz1_lo[:n, lo:hi], x_hi, gW1, ta=True)
             gemm(dz1, x_lo, gW1, ta=True, accumulate=True)
             gemm(dz1, x_hi, gW1, ta=True, accumulate=True)
         else:
             gemm(dz1, x, gW1, ta=True)
 
     def update(self, lr: float, reg: float, inv_batch: float, loss_out: Any) -> None:
+        """SGD + L2 and loss_out[0] += the batch's loss. With overlap only W1's first rows are
+        updated here; the rest waits for its sum in the next forward (or ``finish``)."""
+        if not self.overlap:
+            self._sgd_update(0, self.layout.size, lr, reg, inv_batch, loss_out, with_ce=True)
+            return
+        self._sgd_update(0, self.cut, lr, reg, inv_batch, loss_out, with_ce=False)
+        self.pending = (lr, reg, inv_batch, loss_out)
+
+    def finish(self) -> None:
+        """Complete what the last update left queued, before anyone reads the weights or the loss."""
+        self._finish_update()
+
+    def _finish_update(self) -> None:
+        if self.pending is None:
+            return
+        self.cp.cuda.get_current_stream().wait_event(self.summed[1])
+        self._sgd_update(self.cut, self.layout.size, *self.pending, with_ce=True)
+        self.pending = None
+
+    def _sgd_update(
+        self, begin: int, end: int, lr: float, reg: float, inv_batch: float, loss_out: Any, with_ce: bool
+    ) -> None:
         s = self.scalar
+        blocks = min(-(-(end - begin) // self.THREADS), 8 * self.sm)
+        ce_sum = self.gbuf[-1:] if with_ce else np.uint64(0)  # a null pointer: no cross-entropy
         self._kernel["sgd_update"](
-            (self.update_blocks,), (self.THREADS,),
-            (self.params, self.gbuf, *self.bounds, s(lr), s(reg), self.gbuf[-1:], s(inv_batch), loss_out,
-             np.int32(self.split), np.int32(self.layout.D), self.w1cat),
+            (blocks,), (self.THREADS,),
+            (self.params, self.gbuf, np.int64(begin), np.int64(end), *self.bounds, s(lr), s(reg), ce_sum,
+             s(inv_batch), loss_out, np.int32(self.split), np.int32(self.layout.D), self.w1cat),
         )  # fmt: skip
 
 
 def make_step(
-    kind: str, xp: Any, layout: model.Layout, params: Any, gbuf: Any, max_rows: int, gemm: str = "sgemm"
+    kind: str,
+    xp: Any,
+    layout: model.Layout,
+    params: Any,
+    gbuf: Any,
+    max_rows: int,
+    gemm: str = "sgemm",
+    allreduce: Any = None,
+    overlap: bool = False,
 ) -> Any:
     """``kind``: generic, fused, or auto (fused with CuPy, generic with NumPy). ``gemm``: how the
     fused step's float32 GEMMs run (sgemm, tf32, tf32x3; see the module's docstring); float64
-    ignores it."""
+    ignores it. ``allreduce`` sums the gradient buffer over the ranks (None: one rank);
+    ``overlap``: the fused step hides an NCCL all-reduce behind its compute."""
     if kind == "fused" or (kind == "auto" and xp is not np):
         if xp is np:
             raise ValueError("step=fused needs the GPU (CuPy); use step=generic or auto on the CPU")
-        return FusedStep(layout, params, gbuf, max_rows, gemm)
-    return GenericStep(layout, params, gbuf)
+        return FusedStep(layout, params, gbuf, max_rows, gemm, allreduce, overlap)
+    return GenericStep(layout, params, gbuf, allreduce)

@@ -1,0 +1,125 @@
+"""Can NCCL's all-reduce run beside a GEMM on these GPUs? The question behind ``overlap``.
+
+    python benchmarks/gpu_overlap.py        # launches mpiexec -n 4 itself, once per NCCL setting
+
+On each rank, 20 times: the dW1 GEMM of half of W1 at H=2048, B=3200 (dz1[:, :1024]^T X, the
+product the overlapped step computes while the first half's sum runs) on the compute stream,
+and the all-reduce of that half (3.2 MB, float32) on a side stream, each alone and both
+launched together. If the two run concurrently, "both" is close to max(GEMM, all-reduce);
+serialised, it is their sum. Varied: the side stream's priority, the SMs cuBLAS may use
+(cublasSetSmCountTarget, leaving the rest to NCCL) and NCCL_MAX_CTAS (NCCL's blocks per GPU).
+The results (BENCHMARKS.md) chose FusedStep's overlap=auto and NCCL_MAX_CTAS=8 when overlapping.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+ROWS, HALF, D, N = 3200, 1024, 784, 20
+
+
+def worker(args: argparse.Namespace) -> None:
+    import cupy as cp
+    from gpu_common import time_ms
+
+    from trainer import parallel
+    from trainer.steps import Gemm
+
+    world = parallel.join_world(args.nproc)
+    cp.cuda.Device(world.local_rank % cp.cuda.runtime.getDeviceCount()).use()
+    ar = parallel.NcclAllreduce(world, cp.float32)
+    rt = cp.cuda.runtime
+    sides = {"high": ar.side, "normal": rt.streamCreateWithPriority(rt.streamNonBlocking, 0)}
+    gemm = Gemm(cp.float32, tensor_cores=args.gemm == "tf32")
+    cublas = ctypes.CDLL(args.libcublas)
+    sms = cp.cuda.Device().attributes["MultiProcessorCount"]
+    dz1, x = cp.random.random((ROWS, 2 * HALF), dtype=cp.float32), cp.random.random((ROWS, D), dtype=cp.float32)
+    out, buf = cp.empty((HALF, D), dtype=cp.float32), cp.random.random(HALF * D, dtype=cp.float32)
+    done = cp.cuda.Event(disable_timing=True)
+
+    def gemms() -> None:
+        for _ in range(N):
+            gemm(dz1[:, :HALF], x, out, ta=True)
+
+    def sums(side: int) -> None:
+        ar.ready.record()
+        rt.streamWaitEvent(side, ar.ready.ptr)
+        for _ in range(N):
+            ar._sum(buf, side)
+        rt.eventRecord(done.ptr, side)
+        cp.cuda.get_current_stream().wait_event(done)
+
+    def both(side: int) -> None:
+        ar.ready.record()
+        rt.streamWaitEvent(side, ar.ready.ptr)
+        for _ in range(N):
+            ar._sum(buf, side)
+        gemms()
+        rt.eventRecord(done.ptr, side)
+        cp.cuda.get_current_stream().wait_event(done)
+
+    rows = []
+    for target in args.sm_free:
+        cublas.cublasSetSmCountTarget(ctypes.c_void_p(gemm.handle), ctypes.c_int(sms - target if target else 0))
+        for name, side in sides.items():
+            world.comm.Barrier()
+            row = {"priority": name, "sm_free": target, "gemm": time_ms(gemms, steps=1) / N}
+            world.comm.Barrier()
+            row["allreduce"] = time_ms(lambda s=side: sums(s), steps=1) / N
+            world.comm.Barrier()
+            row["both"] = time_ms(lambda s=side: both(s), steps=1) / N
+            rows.append(row)
+    cublas.cublasSetSmCountTarget(ctypes.c_void_p(gemm.handle), ctypes.c_int(0))
+    if world.rank == 0:
+        print("JSON " + json.dumps(rows), flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--worker", action="store_true")
+    parser.add_argument("--nproc", type=int, default=4)
+    parser.add_argument("--gemm", choices=["tf32", "sgemm"], default="tf32")
+    parser.add_argument("--sm-free", type=int, nargs="+", default=[0, 16, 32], help="SMs cuBLAS leaves free")
+    parser.add_argument("--max-ctas", nargs="+", default=["default", "8", "16"], help="NCCL_MAX_CTAS values")
+    parser.add_argument("--libcublas", default="libcublas.so.13")
+    args = parser.parse_args()
+    if args.worker:
+        worker(args)
+        return
+    from trainer import parallel
+
+    mb = HALF * D * 4 / 1e6
+    print(f"{args.nproc} ranks, GEMM {args.gemm} {HALF}x{D}x{ROWS} and all-reduce of {mb:.1f} MB, us each")
+    head = ("NCCL_MAX_CTAS", "priority", "SMs free", "GEMM", "allred", "both", "sum")
+    print(" ".join(f"{h:>13s}" if i == 0 else f"{h:>8s}" for i, h in enumerate(head)))
+    for ctas in args.max_ctas:
+        env = parallel.mpiexec_env()
+        if ctas != "default":
+            env["NCCL_MAX_CTAS"] = ctas
+        cmd = [parallel.find_mpiexec(None), "-n", str(args.nproc), sys.executable, __file__, "--worker",
+               "--nproc", str(args.nproc), "--gemm", args.gemm, "--libcublas", args.libcublas,
+               "--sm-free", *map(str, args.sm_free)]  # fmt: skip
+        out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+        lines = [line for line in out.stdout.splitlines() if line.startswith("JSON ")]
+        if out.returncode or not lines:
+            sys.stderr.write(out.stdout[-3000:] + out.stderr[-3000:])
+            continue
+        for r in json.loads(lines[0][5:]):
+            us = {k: r[k] * 1e3 for k in ("gemm", "allreduce", "both")}
+            print(
+                f"{ctas:>13s} {r['priority']:>8s} {r['sm_free']:8d} {us['gemm']:8.1f} {us['allreduce']:8.1f} "
+                f"{us['both']:8.1f} {us['gemm'] + us['allreduce']:8.1f}",
+                flush=True,
+            )
+
+
+if __name__ == "__main__":
+    main()
