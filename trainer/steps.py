@@ -15,7 +15,9 @@ In float32 the large GEMMs run one of three ways (``gemm``):
   TF32 low part (v = hi + lo to about 2^-22 relative), and A B ~ A_lo B_hi + A_hi B_lo + A_hi B_hi
   with float32 accumulation: three tensor-core products, the dropped lo*lo term is ~2^-22. The
   splits ride along kernels that already touch the data (W1 in the update, dz1 in the hidden
-  gradient); X is split once per batch.
+  gradient); X is split once per batch. Each product stays one GEMM: z1's over K = 3D, the
+  rows [X_lo | X_hi | X_hi] against [W1_hi | W1_lo | W1_hi]; dW1's over K = 3n, the same rows of
+  X and [dz1_hi | dz1_lo | dz1_hi] read as 3n rows of D and of H values.
 
 With NCCL the fused step can hide the all-reduce behind its own compute (``overlap``): W1's rows
 are taken in two halves. The sum of the first half's dW1 runs on a side stream while the second
@@ -158,9 +160,10 @@ extern "C" __global__ void output_layer(const T* __restrict__ z1, const T* __res
 
 extern "C" __global__ void hidden_grad(T* __restrict__ z1, const T* __restrict__ b1, const T* __restrict__ W2,
                                        const T* __restrict__ e, const int n, const int H, const T scale,
-                                       const int split, T* __restrict__ dz1_lo, T* gb1, T* gW2, T* gb2) {
+                                       const int split, T* __restrict__ dz1cat, T* gb1, T* gW2, T* gb2) {
     // Thread: column h of HID_ROWS rows. With a = sigmoid(z1 + b1):
-    //   dz1 = scale (e W2) a (1 - a), written over z1 (its TF32 hi part if split, lo into dz1_lo);
+    //   dz1 = scale (e W2) a (1 - a), written over z1, or if split into dz1cat (n x 3H) as TF32
+    //   parts [hi | lo | hi];
     // and the block's sums over its rows added to the gradient (zeroed by the caller):
     //   db1 += sum dz1, dW2 += scale e^T a, db2 += scale sum e (blocks of the first column tile).
     __shared__ T es[HID_ROWS * C];
@@ -191,9 +194,7 @@ extern "C" __global__ void hidden_grad(T* __restrict__ z1, const T* __restrict__
         const T d = scale * da * a * ((T)1 - a);
         db += d;
         if (split) {
-            const T hi = tf32(d);
-            z1[k] = hi;
-            dz1_lo[k] = tf32(d - hi);
+            put_split(dz1cat + (long long)(r0 + r) * 3 * H, H, h, d, 1);
         } else {
             z1[k] = d;
         }
@@ -256,7 +257,7 @@ def _cublas_handle(tensor_cores: bool) -> int:
 
 
 class Gemm:
-    """out = op(a) @ op(b) (+ out, if accumulate) for row-major arrays, straight through cuBLAS.
+    """out = op(a) @ op(b) for row-major arrays, straight through cuBLAS.
 
     cupy.matmul spends ~17 us of CPU per call on checks and dispatch, more than a TF32 GEMM of
     this size takes on the GPU; a direct call costs a few. Row-major out (m x n) is column-major
@@ -272,7 +273,7 @@ class Gemm:
         self.fn = cublas.sgemm if np.dtype(dtype) == np.float32 else cublas.dgemm
         self.one, self.zero = np.ones(1, dtype=dtype), np.zeros(1, dtype=dtype)
 
-    def __call__(self, a: Any, b: Any, out: Any, ta: bool = False, tb: bool = False, accumulate: bool = False) -> None:
+    def __call__(self, a: Any, b: Any, out: Any, ta: bool = False, tb: bool = False) -> None:
         """a, b and out: rows contiguous (a column slice of a C-contiguous array is fine)."""
         m, n = out.shape
         k = a.shape[0] if ta else a.shape[1]
@@ -280,15 +281,14 @@ class Gemm:
         self.cublas.setStream(self.handle, self.cupy.cuda.get_current_stream().ptr)
         # Column slices keep their row stride.
         lda, ldb, ldc = (v.strides[0] // v.itemsize for v in (a, b, out))
-        beta = self.one if accumulate else self.zero
         self.fn(
             self.handle, op[tb], op[ta], n, m, k, self.one.ctypes.data, b.data.ptr, ldb,
-            a.data.ptr, lda, beta.ctypes.data, out.data.ptr, ldc,
+            a.data.ptr, lda, self.zero.ctypes.data, out.data.ptr, ldc,
         )  # fmt: skip
 
 
 class FusedStep:
-    """The same step in 2 cuBLAS GEMMs (4 with tf32x3, plus X's split), 3 fused kernels and a memset."""
+    """The same step in 2 cuBLAS GEMMs (plus X's split with tf32x3), 3 fused kernels and a memset."""
 
     KERNELS = _KERNELS  # a class attribute, so benchmarks/gpu_kernels.py can time variants
     # Block shapes: the fastest measured (benchmarks/gpu_kernels.py, BENCHMARKS.md).
@@ -321,31 +321,45 @@ class FusedStep:
         self._kernel = {name: module.get_function(name) for name in names}
         self.gemm = Gemm(dtype, tensor_cores=gemm in ("tf32", "tf32x3"))
         D, H, C = layout.D, layout.H, layout.C
-        self.z1 = cp.empty((max_rows, H), dtype=dtype)  # z1 (without b1), then dz1 in place
+        self.z1 = cp.empty((max_rows, H), dtype=dtype)  # z1 (without b1), then dz1 in place (not split)
         self.e = cp.empty((max_rows, C), dtype=dtype)  # softmax(z2) - onehot(y)
         self.tail = gbuf[H * D :]  # db1, dW2, db2, loss: sums of atomics, zeroed each step
+        self.ce_sum = gbuf[-1:]
         self.scalar = dtype.type
-        self.sm = cp.cuda.Device().attributes["MultiProcessorCount"]
         w1_end, w2_begin = H * D, H * D + H  # weights: [0, w1_end) and [w2_begin, w2_end)
         self.bounds = tuple(np.int64(v) for v in (w1_end, w2_begin, w2_begin + C * H))
         if self.split:
-            # K-concatenated operands of z1's GEMM, small products first (summed first, they lose less).
+            # The GEMMs' operands as TF32 parts. In z1's, small products first (summed first, they lose less).
             self.xcat = cp.empty((max_rows, 3 * D), dtype=dtype)  # [X_lo | X_hi | X_hi]
             self.w1cat = cp.empty((H, 3 * D), dtype=dtype)  # [W1_hi | W1_lo | W1_hi], kept by update()
-            self.dz1_lo = cp.empty((max_rows, H), dtype=dtype)
+            self.dz1cat = cp.empty((max_rows, 3 * H), dtype=dtype)  # [dz1_hi | dz1_lo | dz1_hi]
             self._split(self.p.W1, self.w1cat, lo_at=1)
         else:
-            self.w1cat = self.dz1_lo = cp.empty(1, dtype=dtype)  # unused kernel arguments
+            self.w1cat = self.dz1cat = cp.empty(1, dtype=dtype)  # unused kernel arguments
         # The all-reduce, and with overlap W1's rows in two parts, each summed as soon as its dW1 is
         # computed: part 0 = gbuf[:cut] (dW1's first rows), part 1 = the rest (with b1, W2, b2, loss).
         self.allreduce = allreduce
         self.overlap = overlap and hasattr(allreduce, "start")  # NcclAllreduce can
         h0 = (H + 1) // 2 if self.overlap else H
-        self.row_parts = ((0, h0), (h0, H)) if self.overlap else ((0, H),)
+        rows = [(0, h0), (h0, H)] if self.overlap else [(0, H)]
         self.cut = h0 * D
         self.parts = (gbuf[: self.cut], gbuf[self.cut :])
         self.summed = [cp.cuda.Event(disable_timing=True) for _ in self.parts]  # recorded by NCCL's stream
         self.pending: tuple[Any, ...] | None = None  # the rest of the last update (overlap)
+        # The GEMMs' operands per part of W1's rows, as views made once: a CuPy view costs a few
+        # us of CPU, which a step launch-bound at small H cannot spare. Split, dz1cat and xcat are
+        # also read as 3n rows (dw1_gemm).
+        w1 = self.w1cat if self.split else self.p.W1
+        dz1 = self.dz1cat.reshape(3 * max_rows, H) if self.split else self.z1
+        self.x3 = self.xcat.reshape(3 * max_rows, D) if self.split else None
+        self.w1_part = [w1[lo:hi] for lo, hi in rows]
+        self.gw1_part = [self.g.W1[lo:hi] for lo, hi in rows]
+        self.z1_part = [self.z1[:, lo:hi] for lo, hi in rows]
+        self.dz1_part = [dz1[:, lo:hi] for lo, hi in rows]
+        # sgd_update's launch per range of the parameters: all, or with overlap [0, cut) and the rest.
+        sm = cp.cuda.Device().attributes["MultiProcessorCount"]
+        ranges = [(0, self.cut), (self.cut, layout.size)] if self.overlap else [(0, layout.size)]
+        self.update_ranges = [(min(-(-(b - a) // self.THREADS), 8 * sm), np.int64(a), np.int64(b)) for a, b in ranges]
 
     def _split(self, a: Any, out: Any, lo_at: int) -> None:
         rows, d = a.shape
@@ -356,18 +370,17 @@ class FusedStep:
         cp, n = self.cp, len(x)
         if self.split:
             self._split(x, self.xcat[:n], lo_at=0)
-        (lo, hi), *rest = self.row_parts
-        self.z1_gemm(x, lo, hi)  # with overlap: W1's first rows, updated already
+        self.z1_gemm(x, 0)  # with overlap: W1's first rows, updated already
         self._finish_update()  # with overlap: the rest of W1, b1, W2, b2, once their sum is in
         cp.cuda.runtime.memsetAsync(self.tail.data.ptr, 0, self.tail.nbytes, cp.cuda.get_current_stream().ptr)
-        for lo, hi in rest:
-            self.z1_gemm(x, lo, hi)
+        if self.overlap:
+            self.z1_gemm(x, 1)
         self.output_layer(y)
 
     def backward(self, x: Any, y: Any, scale: float) -> None:
         self.hidden_gradient(len(x), scale)
-        for i, (lo, hi) in enumerate(self.row_parts):
-            self.dw1_gemm(x, lo, hi)
+        for i in range(len(self.w1_part)):
+            self.dw1_gemm(x, i)
             if self.overlap:  # sum this part on NCCL's stream while the next is computed
                 self.allreduce.start(self.parts[i], self.summed[i])
 
@@ -391,46 +404,38 @@ class FusedStep:
         n, H = len(y), self.layout.H
         self._kernel["output_layer"](
             (-(-n // self.OUT_ROWS),), (self.THREADS,),
-            (self.z1, self.p.b1, self.p.W2, self.p.b2, y, np.int32(n), np.int32(H), self.e, self.gbuf[-1:]),
+            (self.z1, self.p.b1, self.p.W2, self.p.b2, y, np.int32(n), np.int32(H), self.e, self.ce_sum),
         )  # fmt: skip
 
     def hidden_gradient(self, n: int, scale: float, z1: Any = None) -> None:
-        """dz1 written over z1 (default: the step's own), and dW2, db1, db2 added to the gradient."""
+        """dz1 from z1 (default: the step's own), written over it or, split, into dz1cat; and dW2,
+        db1, db2 added to the gradient."""
         g, H = self.g, self.layout.H
         self._kernel["hidden_grad"](
             (-(-H // self.THREADS), -(-n // self.HID_ROWS)), (self.THREADS,),
             (self.z1 if z1 is None else z1, self.p.b1, self.p.W2, self.e, np.int32(n), np.int32(H),
-             self.scalar(scale), np.int32(self.split), self.dz1_lo, g.b1, g.W2, g.b2),
+             self.scalar(scale), np.int32(self.split), self.dz1cat, g.b1, g.W2, g.b2),
         )  # fmt: skip
 
-    def z1_gemm(self, x: Any, lo: int = 0, hi: int | None = None) -> None:
-        """Columns [lo, hi) of z1 = X W1^T (W1's rows lo..hi); split: X_lo W1_hi + X_hi W1_lo +
-        X_hi W1_hi, one GEMM with K = 3D."""
+    def z1_gemm(self, x: Any, part: int = 0) -> None:
+        """z1 = X W1^T, the columns of W1's rows in ``part`` (all of them without overlap). Split:
+        X_lo W1_hi + X_hi W1_lo + X_hi W1_hi, one GEMM with K = 3D."""
         n = len(x)
-        a, w1 = (self.xcat[:n], self.w1cat) if self.split else (x, self.p.W1)
-        self.gemm(a, w1[lo:hi], self.z1[:n, lo:hi], tb=True)
+        self.gemm(self.xcat[:n] if self.split else x, self.w1_part[part], self.z1_part[part][:n], tb=True)
 
-    def dw1_gemm(self, x: Any, lo: int = 0, hi: int | None = None) -> None:
-        """Rows [lo, hi) of dW1 = dz1^T X; split: dz1_lo^T X_hi + dz1_hi^T X_lo + dz1_hi^T X_hi,
-        small ones first."""
-        n, gemm, gW1, dz1 = len(x), self.gemm, self.g.W1[lo:hi], self.z1[: len(x), lo:hi]
-        if self.split:
-            D = self.layout.D
-            x_lo, x_hi = self.xcat[:n, :D], self.xcat[:n, D : 2 * D]
-            gemm(self.dz1_lo[:n, lo:hi], x_hi, gW1, ta=True)
-            gemm(dz1, x_lo, gW1, ta=True, accumulate=True)
-            gemm(dz1, x_hi, gW1, ta=True, accumulate=True)
-        else:
-            gemm(dz1, x, gW1, ta=True)
+    def dw1_gemm(self, x: Any, part: int = 0) -> None:
+        """dW1 = dz1^T X, W1's rows in ``part``. Split: one GEMM over K = 3n, dz1cat and xcat read
+        as 3n x H and 3n x D, so rows 3r + j (j = 0, 1, 2) pair dz1_hi X_lo, dz1_lo X_hi and
+        dz1_hi X_hi for sample r: the three products summed in one pass."""
+        k = 3 * len(x) if self.split else len(x)
+        self.gemm(self.dz1_part[part][:k], self.x3[:k] if self.split else x, self.gw1_part[part], ta=True)
 
     def update(self, lr: float, reg: float, inv_batch: float, loss_out: Any) -> None:
         """SGD + L2 and loss_out[0] += the batch's loss. With overlap only W1's first rows are
         updated here; the rest waits for its sum in the next forward (or ``finish``)."""
-        if not self.overlap:
-            self._sgd_update(0, self.layout.size, lr, reg, inv_batch, loss_out, with_ce=True)
-            return
-        self._sgd_update(0, self.cut, lr, reg, inv_batch, loss_out, with_ce=False)
-        self.pending = (lr, reg, inv_batch, loss_out)
+        self._sgd_update(0, lr, reg, inv_batch, loss_out, with_ce=not self.overlap)
+        if self.overlap:
+            self.pending = (lr, reg, inv_batch, loss_out)
 
     def finish(self) -> None:
         """Complete what the last update left queued, before anyone reads the weights or the loss."""
@@ -440,19 +445,18 @@ class FusedStep:
         if self.pending is None:
             return
         self.cp.cuda.get_current_stream().wait_event(self.summed[1])
-        self._sgd_update(self.cut, self.layout.size, *self.pending, with_ce=True)
+        self._sgd_update(1, *self.pending, with_ce=True)
         self.pending = None
 
-    def _sgd_update(
-        self, begin: int, end: int, lr: float, reg: float, inv_batch: float, loss_out: Any, with_ce: bool
-    ) -> None:
+    def _sgd_update(self, i: int, lr: float, reg: float, inv_batch: float, loss_out: Any, with_ce: bool) -> None:
+        """sgd_update over the i-th range of the parameters (update_ranges)."""
         s = self.scalar
-        blocks = min(-(-(end - begin) // self.THREADS), 8 * self.sm)
-        ce_sum = self.gbuf[-1:] if with_ce else np.uint64(0)  # a null pointer: no cross-entropy
+        blocks, begin, end = self.update_ranges[i]
+        ce_sum = self.ce_sum if with_ce else np.uint64(0)  # a null pointer: no cross-entropy
         self._kernel["sgd_update"](
             (blocks,), (self.THREADS,),
-            (self.params, self.gbuf, np.int64(begin), np.int64(end), *self.bounds, s(lr), s(reg), ce_sum,
-             s(inv_batch), loss_out, np.int32(self.split), np.int32(self.layout.D), self.w1cat),
+            (self.params, self.gbuf, begin, end, *self.bounds, s(lr), s(reg), ce_sum, s(inv_batch), loss_out,
+             np.int32(self.split), np.int32(self.layout.D), self.w1cat),
         )  # fmt: skip
 
 
