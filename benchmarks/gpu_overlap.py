@@ -8,7 +8,7 @@ and the all-reduce of that half (3.2 MB, float32) on a side stream, each alone a
 launched together. If the two run concurrently, "both" is close to max(GEMM, all-reduce);
 serialised, it is their sum. Varied: the side stream's priority, the SMs cuBLAS may use
 (cublasSetSmCountTarget, leaving the rest to NCCL) and NCCL_MAX_CTAS (NCCL's blocks per GPU).
-The results (BENCHMARKS.md) chose FusedStep's overlap=auto and NCCL_MAX_CTAS=8 when overlapping.
+With the whole step's timings (gpu_scaling.py), this chose overlap=auto and NCCL_MAX_CTAS=8.
 """
 
 from __future__ import annotations
@@ -49,20 +49,15 @@ def worker(args: argparse.Namespace) -> None:
         for _ in range(N):
             gemm(dz1[:, :HALF], x, out, ta=True)
 
-    def sums(side: int) -> None:
+    def sums(side: int, beside_gemms: bool = False) -> None:
+        """N sums on ``side`` (and, if asked, the N GEMMs on the compute stream at the same time);
+        the compute stream waits for the sums at the end, so the timing covers both."""
         ar.ready.record()
         rt.streamWaitEvent(side, ar.ready.ptr)
         for _ in range(N):
-            ar._sum(buf, side)
-        rt.eventRecord(done.ptr, side)
-        cp.cuda.get_current_stream().wait_event(done)
-
-    def both(side: int) -> None:
-        ar.ready.record()
-        rt.streamWaitEvent(side, ar.ready.ptr)
-        for _ in range(N):
-            ar._sum(buf, side)
-        gemms()
+            ar.sum_on(buf, side)
+        if beside_gemms:
+            gemms()
         rt.eventRecord(done.ptr, side)
         cp.cuda.get_current_stream().wait_event(done)
 
@@ -75,7 +70,7 @@ def worker(args: argparse.Namespace) -> None:
             world.comm.Barrier()
             row["allreduce"] = time_ms(lambda s=side: sums(s), steps=1) / N
             world.comm.Barrier()
-            row["both"] = time_ms(lambda s=side: both(s), steps=1) / N
+            row["both"] = time_ms(lambda s=side: sums(s, beside_gemms=True), steps=1) / N
             rows.append(row)
     cublas.cublasSetSmCountTarget(ctypes.c_void_p(gemm.handle), ctypes.c_int(0))
     if world.rank == 0:

@@ -168,7 +168,7 @@ class NcclAllreduce:
         self.ready = cupy.cuda.Event(disable_timing=True)
 
     def __call__(self, buf: Any) -> None:
-        self._sum(buf, self.cupy.cuda.get_current_stream().ptr)
+        self.sum_on(buf, self.cupy.cuda.get_current_stream().ptr)
 
     def start(self, buf: Any, done: Any) -> None:
         """Queue the sum of ``buf`` on the side stream once the work queued so far on the current
@@ -176,10 +176,11 @@ class NcclAllreduce:
         caller makes its stream wait for ``done`` where it needs the sum."""
         self.ready.record()
         self.runtime.streamWaitEvent(self.side, self.ready.ptr)  # this record: ``ready`` may be recorded again
-        self._sum(buf, self.side)
+        self.sum_on(buf, self.side)
         self.runtime.eventRecord(done.ptr, self.side)
 
-    def _sum(self, buf: Any, stream: int) -> None:
+    def sum_on(self, buf: Any, stream: int) -> None:
+        """Queue the in-place sum of ``buf`` on the stream with this handle."""
         self.comm.allReduce(buf.data.ptr, buf.data.ptr, buf.size, self.dtype, self.nccl.NCCL_SUM, stream)
 
 

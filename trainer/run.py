@@ -150,11 +150,11 @@ def train_on_rank(
     x_test, y_test = xp.asarray(ds.x_test), xp.asarray(ds.y_test)
     clock = PhaseClock(STEP_PHASES, gpu=backend.kind == "gpu", nvtx=cfg.profile)
     step = step_name(cfg, backend)
+    wanted = overlap_wanted(cfg, step)
     allreduce = parallel.make_allreduce(
-        cfg.comm.value, world, backend.kind == "gpu", backend.n_devices, xp, layout.size + 1, params.dtype,
-        overlap_wanted(cfg, step),
-    )  # fmt: skip
-    overlap = overlap_wanted(cfg, step) and isinstance(allreduce, parallel.NcclAllreduce)
+        cfg.comm.value, world, backend.kind == "gpu", backend.n_devices, xp, layout.size + 1, params.dtype, wanted
+    )
+    overlap = wanted and isinstance(allreduce, parallel.NcclAllreduce)  # NCCL alone can overlap
     if recorder is not None:
         recorder.set_tags({"sweepscale.comm": type(allreduce).__name__, "sweepscale.step": step})
         if step == "fused":

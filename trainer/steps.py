@@ -343,7 +343,7 @@ class FusedStep:
         h0 = (H + 1) // 2 if self.overlap else H
         rows = [(0, h0), (h0, H)] if self.overlap else [(0, H)]
         self.cut = h0 * D
-        self.parts = (gbuf[: self.cut], gbuf[self.cut :])
+        self.parts = (gbuf[: self.cut], gbuf[self.cut :]) if self.overlap else ()
         self.summed = [cp.cuda.Event(disable_timing=True) for _ in self.parts]  # recorded by NCCL's stream
         self.pending: tuple[Any, ...] | None = None  # the rest of the last update (overlap)
         # The GEMMs' operands per part of W1's rows, as views made once: a CuPy view costs a few
@@ -389,7 +389,7 @@ class FusedStep:
         overlap it still starts the same sums as the other ranks."""
         self._finish_update()
         self.gbuf.fill(0)
-        for part, done in zip(self.parts, self.summed) if self.overlap else ():
+        for part, done in zip(self.parts, self.summed):  # none without overlap
             self.allreduce.start(part, done)
 
     def reduce(self) -> None:
