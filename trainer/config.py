@@ -44,7 +44,7 @@ class Fp32Gemm(str, Enum):
 
 class Overlap(str, Enum):
     auto = "auto"  # with SGEMM only: the one GEMM mode it speeds up (BENCHMARKS.md)
-    always = "always"  # the fused step with NCCL sums W1's gradient in halves behind its compute
+    always = "always"  # whenever the fused step sums with NCCL (nproc > 1): W1's gradient in halves
     never = "never"  # all-reduce after the backward pass
 
 
