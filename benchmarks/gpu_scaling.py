@@ -39,6 +39,7 @@ def worker(args: argparse.Namespace) -> None:
 
     from trainer import model, parallel
     from trainer.loop import local_rows
+    from trainer.steps import FusedStep, sums_beside_gemm
 
     world = parallel.join_world(args.nproc)
     cp.cuda.Device(world.local_rank % cp.cuda.runtime.getDeviceCount()).use()
@@ -47,7 +48,10 @@ def worker(args: argparse.Namespace) -> None:
     xh, yh = inputs(hi - lo, seed=world.rank)
     n = model.Layout(D=784, H=H).size + 1
     gpus = cp.cuda.runtime.getDeviceCount()
-    allreduce = parallel.make_allreduce(args.comm, world, True, gpus, cp, n, cp.float32, args.overlap)
+    beside_gemm = args.overlap and sums_beside_gemm(args.gemm)  # as trainer/run.py sets NCCL up
+    allreduce = parallel.make_allreduce(args.comm, world, True, gpus, cp, n, cp.float32, beside_gemm)
+    if args.first_part:
+        FusedStep.FIRST_PART = args.first_part
     step = our_step(
         "fused", H, cp.asarray(xh), cp.asarray(yh), allreduce if world.size > 1 else None, global_batch, args.gemm,
         args.overlap,
@@ -57,13 +61,14 @@ def worker(args: argparse.Namespace) -> None:
         print("JSON " + json.dumps({"ms": ms, "comm": type(allreduce).__name__}), flush=True)
 
 
-def run(nproc: int, kind: str, gemm: str, batch: int, comm: str) -> float:
+def run(nproc: int, kind: str, gemm: str, batch: int, comm: str, first_part: float | None = None) -> float:
     from trainer import parallel
 
     comm, overlap = COMMS[comm]
     cmd = [parallel.find_mpiexec(None), "-n", str(nproc), sys.executable, __file__, "--worker", "--nproc",
            str(nproc), "--kind", kind, "--batch", str(batch), "--comm", comm, "--gemm", gemm]  # fmt: skip
     cmd += ["--overlap"] if overlap else []
+    cmd += ["--first-part", str(first_part)] if first_part else []
     env = parallel.mpiexec_env()
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     lines = [line for line in out.stdout.splitlines() if line.startswith("JSON ")]
@@ -82,6 +87,7 @@ def main() -> None:
     parser.add_argument("--comm", default="nccl")
     parser.add_argument("--overlap", action="store_true")
     parser.add_argument("--gemm", default="sgemm")
+    parser.add_argument("--first-part", type=float, help="overlap: the fraction of W1's rows summed first")
     parser.add_argument("--gpus", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--comms", nargs="+", default=list(COMMS), choices=list(COMMS), help="all-reduces to compare")
     parser.add_argument("--cases", nargs="+", help='only these, e.g. "weak TF32" (default: all)')
@@ -95,7 +101,7 @@ def main() -> None:
             continue
         base = run(1, kind, gemm, batch, "mpi")
         for comm in args.comms:
-            times = [base] + [run(p, kind, gemm, batch, comm) for p in args.gpus[1:]]
+            times = [base] + [run(p, kind, gemm, batch, comm, args.first_part) for p in args.gpus[1:]]
             ratios = " ".join(f"{base / t:6.2f}" for t in times[1:])
             print(f"{kind + ' ' + label:22s} {comm:12s} " + " ".join(f"{t:10.3f}" for t in times) + f"   {ratios}")
             sys.stdout.flush()

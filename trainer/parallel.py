@@ -184,15 +184,15 @@ class NcclAllreduce:
         self.comm.allReduce(buf.data.ptr, buf.data.ptr, buf.size, self.dtype, self.nccl.NCCL_SUM, stream)
 
 
-# NCCL's blocks per GPU when its sums overlap the step's GEMMs: 8 beat NCCL's default (BENCHMARKS.md).
+# NCCL's blocks per GPU when its sums run beside the step's GEMMs: 8 beat NCCL's default (BENCHMARKS.md).
 OVERLAP_MAX_CTAS = 8
 
 
 def make_allreduce(
-    comm: str, world: World, on_gpu: bool, n_gpus: int, xp: Any, n: int, dtype: Any, overlap: bool = False
+    comm: str, world: World, on_gpu: bool, n_gpus: int, xp: Any, n: int, dtype: Any, beside_gemm: bool = False
 ) -> Any:
     """comm=auto: NCCL on GPUs when every rank of this node has a GPU of its own, else MPI.
-    ``overlap``: NCCL's sums will run beside the step's compute (fewer blocks)."""
+    ``beside_gemm``: NCCL's sums will run beside the step's GEMMs (fewer blocks)."""
     own_gpu = on_gpu and n_gpus >= world.local_size
     if comm == "nccl" and not own_gpu:
         raise ConfigError(
@@ -200,5 +200,5 @@ def make_allreduce(
             "use comm=mpi or comm=auto"
         )
     if world.size > 1 and (comm == "nccl" or (comm == "auto" and own_gpu)):
-        return NcclAllreduce(world, dtype, OVERLAP_MAX_CTAS if overlap else None)
+        return NcclAllreduce(world, dtype, OVERLAP_MAX_CTAS if beside_gemm else None)
     return HostAllreduce(world, xp, n, dtype)

@@ -21,6 +21,7 @@ from trainer.backend import Backend, gpu_count, select
 from trainer.clock import PhaseClock
 from trainer.config import ConfigError, Overlap, config_hash, validate
 from trainer.loop import STEP_PHASES, EpochResult, Schedule, fit
+from trainer.steps import sums_beside_gemm
 
 
 class Terminated(BaseException):
@@ -151,8 +152,9 @@ def train_on_rank(
     clock = PhaseClock(STEP_PHASES, gpu=backend.kind == "gpu", nvtx=cfg.profile)
     step = step_name(cfg, backend)
     wanted = overlap_wanted(cfg, step)
+    beside_gemm = wanted and sums_beside_gemm(gemm_mode(cfg))
     allreduce = parallel.make_allreduce(
-        cfg.comm.value, world, backend.kind == "gpu", backend.n_devices, xp, layout.size + 1, params.dtype, wanted
+        cfg.comm.value, world, backend.kind == "gpu", backend.n_devices, xp, layout.size + 1, params.dtype, beside_gemm
     )
     overlap = wanted and isinstance(allreduce, parallel.NcclAllreduce)  # NCCL alone can overlap
     if recorder is not None:
@@ -224,8 +226,8 @@ def gemm_mode(cfg: DictConfig) -> str:
 
 def overlap_wanted(cfg: DictConfig, step: str) -> bool:
     """Whether the fused step should sum W1's gradient in halves behind its compute (with NCCL).
-    overlap=auto: with SGEMM only, where it was measured to pay; halving the tensor-core GEMMs
-    (tf32, tf32x3) costs more than the hidden sum saves (BENCHMARKS.md)."""
+    overlap=auto: with SGEMM only, where it was measured to pay; with tensor cores (tf32, tf32x3)
+    it was 0 to 2.5% slower than summing after the backward pass (BENCHMARKS.md)."""
     if step != "fused" or cfg.nproc == 1 or cfg.overlap == Overlap.never:
         return False
     return cfg.overlap == Overlap.always or gemm_mode(cfg) == "sgemm"

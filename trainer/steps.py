@@ -20,11 +20,13 @@ In float32 the large GEMMs run one of three ways (``gemm``):
   X and [dz1_hi | dz1_lo | dz1_hi] read as 3n rows of D and of H values.
 
 With NCCL the fused step can hide the all-reduce behind its own compute (``overlap``): W1's rows
-are taken in two halves. The sum of the first half's dW1 runs on a side stream while the second
-half's dW1 is computed; the sum of the second half (with db1, dW2, db2 and the loss) runs while
-the first half of W1 is updated and the next batch's first half of z1 = X W1^T is computed. So
-the rest of an update is done by the next forward (or by ``finish``, before anyone reads the
-weights), and the step's "allreduce" phase is only the wait for the first half's sum.
+are taken in two halves. With SGEMM the sum of the first half's dW1 runs on a side stream while
+the second half's dW1 is computed; with tensor cores dW1 stays one GEMM (halved, its GEMMs
+run too few tiles) and both sums follow it. The sum of the second half (with db1, dW2, db2 and
+the loss) runs while the first half of W1 is updated and the next batch's first half of
+z1 = X W1^T is computed. So the rest of an update is done by the next forward (or by ``finish``,
+before anyone reads the weights), and the step's "allreduce" phase is only the wait for the
+first half's sum.
 
 Every step has the same five calls, which trainer/loop.py makes in order: forward, backward (or
 zero_gradient for a rank without rows), reduce, update, and finish at the end of an epoch.
@@ -37,6 +39,8 @@ from typing import Any
 import numpy as np
 
 from trainer import model
+
+TENSOR_CORE_GEMMS = ("tf32", "tf32x3")  # the float32 GEMM modes (``gemm``) on tensor cores
 
 
 class GenericStep:
@@ -295,6 +299,7 @@ class FusedStep:
     THREADS = 256
     OUT_ROWS = 1
     HID_ROWS = 16
+    FIRST_PART = 0.5  # with overlap, the fraction of W1's rows summed first: the best measured
 
     def __init__(
         self,
@@ -319,7 +324,7 @@ class FusedStep:
         module = cp.RawModule(code=head + self.KERNELS)
         names = ("split_tf32", "output_layer", "hidden_grad", "sgd_update")
         self._kernel = {name: module.get_function(name) for name in names}
-        self.gemm = Gemm(dtype, tensor_cores=gemm in ("tf32", "tf32x3"))
+        self.gemm = Gemm(dtype, tensor_cores=gemm in TENSOR_CORE_GEMMS)
         D, H, C = layout.D, layout.H, layout.C
         self.z1 = cp.empty((max_rows, H), dtype=dtype)  # z1 (without b1), then dz1 in place (not split)
         self.e = cp.empty((max_rows, C), dtype=dtype)  # softmax(z2) - onehot(y)
@@ -340,8 +345,15 @@ class FusedStep:
         # computed: part 0 = gbuf[:cut] (dW1's first rows), part 1 = the rest (with b1, W2, b2, loss).
         self.allreduce = allreduce
         self.overlap = overlap and hasattr(allreduce, "start")  # NcclAllreduce can
-        h0 = (H + 1) // 2 if self.overlap else H
+        # The cut on a multiple of 32 rows: z1's column slices then start on a 128-byte boundary
+        # (a cut at row 819 of 2048 made the step 1.24x as long as one at row 768, BENCHMARKS.md).
+        h0 = min(H, max(32, 32 * round(self.FIRST_PART * H / 32))) if self.overlap else H
         rows = [(0, h0), (h0, H)] if self.overlap else [(0, H)]
+        # dW1 per part with SGEMM (the first part's sum runs beside the second's GEMM); whole with
+        # tensor cores (halved, their GEMMs run too few tiles), both sums after it.
+        per_part = dtype != np.float32 or sums_beside_gemm(gemm)
+        dw1_rows = rows if per_part else [(0, H)]
+        self.sums_after = [[0], [1]] if per_part else [[0, 1]]
         self.cut = h0 * D
         self.parts = (gbuf[: self.cut], gbuf[self.cut :]) if self.overlap else ()
         self.summed = [cp.cuda.Event(disable_timing=True) for _ in self.parts]  # recorded by NCCL's stream
@@ -353,9 +365,9 @@ class FusedStep:
         dz1 = self.dz1cat.reshape(3 * max_rows, H) if self.split else self.z1
         self.x3 = self.xcat.reshape(3 * max_rows, D) if self.split else None
         self.w1_part = [w1[lo:hi] for lo, hi in rows]
-        self.gw1_part = [self.g.W1[lo:hi] for lo, hi in rows]
         self.z1_part = [self.z1[:, lo:hi] for lo, hi in rows]
-        self.dz1_part = [dz1[:, lo:hi] for lo, hi in rows]
+        self.gw1_part = [self.g.W1[lo:hi] for lo, hi in dw1_rows]
+        self.dz1_part = [dz1[:, lo:hi] for lo, hi in dw1_rows]
         # sgd_update's launch per range of the parameters: all, or with overlap [0, cut) and the rest.
         sm = cp.cuda.Device().attributes["MultiProcessorCount"]
         ranges = [(0, self.cut), (self.cut, layout.size)] if self.overlap else [(0, layout.size)]
@@ -379,10 +391,10 @@ class FusedStep:
 
     def backward(self, x: Any, y: Any, scale: float) -> None:
         self.hidden_gradient(len(x), scale)
-        for i in range(len(self.w1_part)):
+        for i in range(len(self.dz1_part)):
             self.dw1_gemm(x, i)
-            if self.overlap:  # sum this part on NCCL's stream while the next is computed
-                self.allreduce.start(self.parts[i], self.summed[i])
+            for j in self.sums_after[i] if self.overlap else ():  # on NCCL's stream, beside what follows
+                self.allreduce.start(self.parts[j], self.summed[j])
 
     def zero_gradient(self) -> None:
         """Instead of forward and backward when this rank has no rows of the batch; with
@@ -424,7 +436,8 @@ class FusedStep:
         self.gemm(self.xcat[:n] if self.split else x, self.w1_part[part], self.z1_part[part][:n], tb=True)
 
     def dw1_gemm(self, x: Any, part: int = 0) -> None:
-        """dW1 = dz1^T X, W1's rows in ``part``. Split: one GEMM over K = 3n, dz1cat and xcat read
+        """dW1 = dz1^T X, the rows of dW1's ``part``-th GEMM (all of them, or with overlap and
+        SGEMM W1's rows in that part). Split: one GEMM over K = 3n, dz1cat and xcat read
         as 3n x H and 3n x D, so rows 3r + j (j = 0, 1, 2) pair dz1_hi X_lo, dz1_lo X_hi and
         dz1_hi X_hi for sample r: the three products summed in one pass."""
         k = 3 * len(x) if self.split else len(x)
@@ -458,6 +471,13 @@ class FusedStep:
             (self.params, self.gbuf, begin, end, *self.bounds, s(lr), s(reg), ce_sum, s(inv_batch), loss_out,
              np.int32(self.split), np.int32(self.layout.D), self.w1cat),
         )  # fmt: skip
+
+
+def sums_beside_gemm(gemm: str) -> bool:
+    """With overlap, whether NCCL's sums run beside a long GEMM: with SGEMM (and DGEMM), the
+    first part's beside the second part's dW1. With tensor cores dW1 is one GEMM and both sums
+    follow it, mostly exposed: NCCL then needs all its blocks (parallel.make_allreduce)."""
+    return gemm not in TENSOR_CORE_GEMMS
 
 
 def make_step(
