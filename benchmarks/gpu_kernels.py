@@ -23,7 +23,10 @@ H, B = 2048, 3200
 # name -> (text in trainer/steps.py's kernels, its replacement)
 ABLATIONS = {
     "as is": None,
-    "no W2 loads": ("const T w = W2[(long long)c * H + h];", "const T w = (T)(c + 1);"),
+    "no W2, b1 loads": (
+        "wv[v] = reinterpret_cast<const V*>(hw + (long long)h * HW)[v];",
+        "wv[v] = make_float4(v + 1, v + 2, v + 3, v + 4);",
+    ),
     "no warp reductions": ("for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffff, v, off);", ""),
     "no softmax tail": (
         "for (int i = 0; warp == 0 && i < OUT_ROWS",

@@ -77,7 +77,8 @@ class GenericStep:
 _KERNELS = r"""
 // Defined by FusedStep: T, C (classes), OUT_ROWS (rows per block of output_layer: W2 is read
 // once per OUT_ROWS rows), HID_ROWS (rows per block of hidden_grad: its sums are flushed once per
-// HID_ROWS rows).
+// HID_ROWS rows), V (16 bytes of T: float4 or double2), VEC (Ts in a V) and HW (the row length of
+// hw, FusedStep's copy of W2^T and b1: C + 1 rounded up to whole Vs).
 
 __device__ inline float tf32(float x) {  // round to the nearest TF32 value (10-bit mantissa)
     unsigned int r;
@@ -106,12 +107,13 @@ extern "C" __global__ void split_tf32(const T* x, const int rows, const int d, c
     }
 }
 
-extern "C" __global__ void output_layer(const T* __restrict__ z1, const T* __restrict__ b1,
-                                        const T* __restrict__ W2, const T* __restrict__ b2, const long long* y,
-                                        const int n, const int H, T* e, T* ce_sum) {
+extern "C" __global__ void output_layer(const T* __restrict__ z1, const T* __restrict__ hw,
+                                        const T* __restrict__ b2, const long long* y, const int n, const int H,
+                                        T* e, T* ce_sum) {
     // A block takes OUT_ROWS rows of z1 (n x H, without b1) at a time, its threads splitting the
-    // H columns: a = sigmoid(z1 + b1), z2 = a W2^T + b2 (W2: C x H); writes e = softmax(z2) -
-    // onehot(y) (n x C) and adds its rows' cross-entropies to ce_sum[0] (zeroed by the caller).
+    // H columns: a = sigmoid(z1 + b1), z2 = a W2^T + b2 (W2: C x H; row h of hw (H x HW) holds
+    // W2[:, h] and b1[h]); writes e = softmax(z2) - onehot(y) (n x C) and adds its rows'
+    // cross-entropies to ce_sum[0] (zeroed by the caller).
     __shared__ T part[32][OUT_ROWS][C];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
     T loss = 0;  // warp 0's
@@ -121,13 +123,14 @@ extern "C" __global__ void output_layer(const T* __restrict__ z1, const T* __res
             for (int c = 0; c < C; ++c) acc[i][c] = 0;
 #pragma unroll 2
         for (int h = threadIdx.x; h < H; h += blockDim.x) {
-            const T bh = b1[h];
+            V wv[HW / VEC];  // W2[:, h] and b1[h] in HW / VEC vector loads, not C + 1 scalar ones
+            for (int v = 0; v < HW / VEC; ++v) wv[v] = reinterpret_cast<const V*>(hw + (long long)h * HW)[v];
+            const T* w = reinterpret_cast<const T*>(wv);
             T a[OUT_ROWS];
-            for (int i = 0; i < OUT_ROWS; ++i) a[i] = r0 + i < n ? sigmoid(z1[(long long)(r0 + i) * H + h] + bh) : (T)0;
-            for (int c = 0; c < C; ++c) {
-                const T w = W2[(long long)c * H + h];
-                for (int i = 0; i < OUT_ROWS; ++i) acc[i][c] += a[i] * w;
-            }
+            for (int i = 0; i < OUT_ROWS; ++i)
+                a[i] = r0 + i < n ? sigmoid(z1[(long long)(r0 + i) * H + h] + w[C]) : (T)0;
+            for (int c = 0; c < C; ++c)
+                for (int i = 0; i < OUT_ROWS; ++i) acc[i][c] += a[i] * w[c];
         }
         for (int i = 0; i < OUT_ROWS; ++i)
             for (int c = 0; c < C; ++c) {
@@ -210,11 +213,12 @@ extern "C" __global__ void hidden_grad(T* __restrict__ z1, const T* __restrict__
 extern "C" __global__ void sgd_update(T* p, const T* g, const long long begin, const long long end,
                                       const long long w1_end, const long long w2_begin, const long long w2_end,
                                       const T lr, const T reg, const T* ce_sum, const T inv_batch, T* loss_out,
-                                      const int split, const int D, T* w1cat) {
+                                      const int split, const int D, T* w1cat, T* hw) {
     // p[k] <- p[k] - lr (g[k] + reg W) for k in [begin, end) (biases: no reg). loss_out[0] +=
     // reg/2 ||W||^2 over these weights before the update, and inv_batch * ce_sum[0] unless ce_sum
-    // is null; loss_out must start at 0. If split, the new W1 also goes into w1cat (H x 3D) as
-    // [hi | lo | hi] for the next forward's tf32x3 GEMM.
+    // is null; loss_out must start at 0. The new b1 and W2 also go into hw (H x HW) for
+    // output_layer; if split, the new W1 into w1cat (H x 3D) as [hi | lo | hi] for the next
+    // forward's tf32x3 GEMM.
     T pen = 0;
     for (long long k = begin + blockIdx.x * (long long)blockDim.x + threadIdx.x; k < end;
          k += (long long)gridDim.x * blockDim.x) {
@@ -226,6 +230,9 @@ extern "C" __global__ void sgd_update(T* p, const T* g, const long long begin, c
         if (split && k < w1_end) {
             const long long row = k / D;
             put_split(w1cat + row * 3 * D, D, (int)(k - row * D), v, 1);
+        } else if (k >= w1_end && k < w2_end) {  // b1 (H values) or W2 (C x H)
+            const long long H = w2_begin - w1_end, j = k - w1_end, c = j / H - 1, h = j - (c + 1) * H;
+            hw[h * HW + (c < 0 ? C : c)] = v;
         }
     }
     __shared__ T part[32];
@@ -318,9 +325,11 @@ class FusedStep:
         self.params = params
         dtype = np.dtype(params.dtype)
         self.split = gemm == "tf32x3" and dtype == np.float32
-        ctype = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}[dtype]
-        defines = {"C": layout.C, "OUT_ROWS": self.OUT_ROWS, "HID_ROWS": self.HID_ROWS}
-        head = f"typedef {ctype} T;\n" + "".join(f"#define {k} {v}\n" for k, v in defines.items())
+        ctype, vtype = {np.dtype(np.float32): ("float", "float4"), np.dtype(np.float64): ("double", "double2")}[dtype]
+        vec = 16 // dtype.itemsize
+        hw_len = -(-(layout.C + 1) // vec) * vec
+        defines = {"C": layout.C, "OUT_ROWS": self.OUT_ROWS, "HID_ROWS": self.HID_ROWS, "VEC": vec, "HW": hw_len}
+        head = f"typedef {ctype} T;\ntypedef {vtype} V;\n" + "".join(f"#define {k} {v}\n" for k, v in defines.items())
         module = cp.RawModule(code=head + self.KERNELS)
         names = ("split_tf32", "output_layer", "hidden_grad", "sgd_update")
         self._kernel = {name: module.get_function(name) for name in names}
@@ -328,6 +337,9 @@ class FusedStep:
         D, H, C = layout.D, layout.H, layout.C
         self.z1 = cp.empty((max_rows, H), dtype=dtype)  # z1 (without b1), then dz1 in place (not split)
         self.e = cp.empty((max_rows, C), dtype=dtype)  # softmax(z2) - onehot(y)
+        # Row h: W2[:, h], b1[h], zeros; kept by update(). output_layer reads each row in 16-byte loads.
+        self.hw = cp.zeros((H, hw_len), dtype=dtype)
+        self.hw[:, :C], self.hw[:, C] = self.p.W2.T, self.p.b1
         self.tail = gbuf[H * D :]  # db1, dW2, db2, loss: sums of atomics, zeroed each step
         self.ce_sum = gbuf[-1:]
         self.scalar = dtype.type
@@ -416,7 +428,7 @@ class FusedStep:
         n, H = len(y), self.layout.H
         self._kernel["output_layer"](
             (-(-n // self.OUT_ROWS),), (self.THREADS,),
-            (self.z1, self.p.b1, self.p.W2, self.p.b2, y, np.int32(n), np.int32(H), self.e, self.ce_sum),
+            (self.z1, self.hw, self.p.b2, y, np.int32(n), np.int32(H), self.e, self.ce_sum),
         )  # fmt: skip
 
     def hidden_gradient(self, n: int, scale: float, z1: Any = None) -> None:
@@ -469,7 +481,7 @@ class FusedStep:
         self._kernel["sgd_update"](
             (blocks,), (self.THREADS,),
             (self.params, self.gbuf, begin, end, *self.bounds, s(lr), s(reg), ce_sum, s(inv_batch), loss_out,
-             np.int32(self.split), np.int32(self.layout.D), self.w1cat),
+             np.int32(self.split), np.int32(self.layout.D), self.w1cat, self.hw),
         )  # fmt: skip
 
 
