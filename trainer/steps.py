@@ -75,7 +75,7 @@ class GenericStep:
 
 
 _KERNELS = r"""
-// Defined by FusedStep: T, C (classes), OUT_ROWS (rows per block of output_layer: W2 is read
+// Defined by FusedStep: T, C (classes), OUT_ROWS (rows per block of output_layer: hw is read
 // once per OUT_ROWS rows), HID_ROWS (rows per block of hidden_grad: its sums are flushed once per
 // HID_ROWS rows), V (16 bytes of T: float4 or double2), VEC (Ts in a V) and HW (the row length of
 // hw, FusedStep's copy of W2^T and b1: C + 1 rounded up to whole Vs).
