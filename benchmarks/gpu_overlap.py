@@ -31,7 +31,7 @@ def worker(args: argparse.Namespace) -> None:
     from gpu_common import time_ms
 
     from trainer import parallel
-    from trainer.steps import Gemm
+    from trainer.gemm import Gemm
 
     world = parallel.join_world(args.nproc)
     cp.cuda.Device(world.local_rank % cp.cuda.runtime.getDeviceCount()).use()

@@ -4,9 +4,16 @@ then, after the all-reduce, the update. Two implementations of the same math:
 - GenericStep: model.py's functions, NumPy or CuPy, one array op per kernel. The readable
   reference, and what the CPU ranks and the sequential check run.
 - FusedStep (CuPy only): the two large GEMMs (X W1^T and dz1^T X) straight through cuBLAS, and
-  everything else in three fused kernels that each pass over the B x H activations at most once:
-  the output layer (sigmoid, the 10-wide second layer, softmax, loss), the hidden gradient
-  (dz1, dW2, db1, db2) and the SGD+L2 update. No host synchronisation anywhere in the step.
+  everything else in four fused kernels that each pass over the B x H activations at most once:
+  X's preparation for the GEMMs, the output layer (sigmoid, the 10-wide second layer, softmax,
+  loss), the hidden gradient (dz1, dW2, db1, db2) and the SGD+L2 update. No host
+  synchronisation anywhere in the step.
+
+Both GEMMs read their operands K-major (the summed-over index contiguous in memory): z1 = X W1^T
+from X and W1 as they are, dW1 = dz1^T X from transposed copies, dz1^T written so by the hidden
+gradient and X^T by ``prepare_x``. From row-major dz1 and X, cuBLAS's TF32 dW1 took 69 us
+instead of 42 at H=2048, B=3200 (3xTF32: 190 against 96; SGEMM: 253 against 248; H100,
+benchmarks/gpu_gemm.py); transposing X costs about 7 us.
 
 In float32 the large GEMMs run one of three ways (``gemm``):
 - ``sgemm``: cuBLAS SGEMM on the CUDA cores (float32 products and sums);
@@ -15,9 +22,12 @@ In float32 the large GEMMs run one of three ways (``gemm``):
   TF32 low part (v = hi + lo to about 2^-22 relative), and A B ~ A_lo B_hi + A_hi B_lo + A_hi B_hi
   with float32 accumulation: three tensor-core products, the dropped lo*lo term is ~2^-22. The
   splits ride along kernels that already touch the data (W1 in the update, dz1 in the hidden
-  gradient); X is split once per batch. Each product stays one GEMM: z1's over K = 3D, the
-  rows [X_lo | X_hi | X_hi] against [W1_hi | W1_lo | W1_hi]; dW1's over K = 3n, the same rows of
-  X and [dz1_hi | dz1_lo | dz1_hi] read as 3n rows of D and of H values.
+  gradient, X in its preparation). Each product stays one GEMM: z1's over K = 3D, the rows
+  [X_lo | X_hi | X_hi] against [W1_hi | W1_lo | W1_hi]; dW1's over K = 3n, the transposed copies
+  [dz1_hi | dz1_lo | dz1_hi] against [X_lo | X_hi | X_hi]. In both the small products are
+  summed apart from the large ones: dW1 with the three parts of a sample side by side (K-major)
+  lost a factor 10 of its accuracy (test_tf32x3_keeps_float32_accuracy: 1.3e-6 against SGEMM's
+  1.2e-7), the tensor cores adding each few products at the precision of the largest.
 
 With NCCL the fused step can hide the all-reduce behind its own compute (``overlap``): W1's rows
 are taken in two halves. With SGEMM the sum of the first half's dW1 runs on a side stream while
@@ -39,6 +49,7 @@ from typing import Any
 import numpy as np
 
 from trainer import model
+from trainer.gemm import Gemm
 
 TENSOR_CORE_GEMMS = ("tf32", "tf32x3")  # the float32 GEMM modes (``gemm``) on tensor cores
 
@@ -75,10 +86,11 @@ class GenericStep:
 
 
 _KERNELS = r"""
-// Defined by FusedStep: T, C (classes), OUT_ROWS (rows per block of output_layer: hw is read
-// once per OUT_ROWS rows), HID_ROWS (rows per block of hidden_grad: its sums are flushed once per
-// HID_ROWS rows), V (16 bytes of T: float4 or double2), VEC (Ts in a V) and HW (the row length of
-// hw, FusedStep's copy of W2^T and b1: C + 1 rounded up to whole Vs).
+// Defined by FusedStep: T, C (classes), THREADS (threads per block of hidden_grad), OUT_ROWS
+// (rows per block of output_layer: hw is read once per OUT_ROWS rows), HID_ROWS (rows per block
+// of hidden_grad: its sums are flushed once per HID_ROWS rows, and each row of dz1t gets
+// HID_ROWS values), V (16 bytes of T: float4 or double2), VEC (Ts in a V) and HW (the row length
+// of hw, FusedStep's copy of W2^T and b1: C + 1 rounded up to whole Vs).
 
 __device__ inline float tf32(float x) {  // round to the nearest TF32 value (10-bit mantissa)
     unsigned int r;
@@ -104,6 +116,39 @@ extern "C" __global__ void split_tf32(const T* x, const int rows, const int d, c
          k += (long long)gridDim.x * blockDim.x) {
         const long long r = k / d;
         put_split(out + r * 3 * d, d, (int)(k - r * d), x[k], lo_at);
+    }
+}
+
+extern "C" __global__ void prepare_x(const T* __restrict__ x, const int n, const int d, const int split,
+                                     T* __restrict__ xcat, T* __restrict__ xt, const int ld, const int part) {
+    // The batch's X (n x d) as the GEMMs read it: X^T into xt (row stride ld) for dW1, whose
+    // operands must both be K-major: xt[c, r] = X[r, c]; if split, X's TF32 parts into xcat
+    // (n x 3d) as [lo | hi | hi] for z1, and into xt in three column blocks: lo at r, hi at
+    // part + r and at 2 part + r. The grid covers the rows to a multiple of 32; rows past n get
+    // zeros. Block: 32 x 8 threads, a 32 x 32 tile through shared memory (reads and writes coalesced).
+    __shared__ T tile[32][33];
+    const int c0 = blockIdx.x * 32, r0 = blockIdx.y * 32, tx = threadIdx.x;
+    for (int i = threadIdx.y; i < 32; i += 8) {
+        const int r = r0 + i, c = c0 + tx;
+        T v = 0;
+        if (r < n && c < d) {
+            v = x[(long long)r * d + c];
+            if (split) put_split(xcat + (long long)r * 3 * d, d, c, v, 0);
+        }
+        tile[i][tx] = v;
+    }
+    __syncthreads();
+    for (int i = threadIdx.y; i < 32 && c0 + i < d; i += 8) {
+        const T v = tile[tx][i];  // X[r0 + tx, c0 + i]
+        T* out = xt + (long long)(c0 + i) * ld + r0 + tx;
+        if (split) {
+            const T hi = tf32(v), lo = tf32(v - hi);
+            out[0] = lo;
+            out[part] = hi;
+            out[2 * part] = hi;
+        } else {
+            out[0] = v;
+        }
     }
 }
 
@@ -165,16 +210,22 @@ extern "C" __global__ void output_layer(const T* __restrict__ z1, const T* __res
     }
 }
 
-extern "C" __global__ void hidden_grad(T* __restrict__ z1, const T* __restrict__ b1, const T* __restrict__ W2,
+extern "C" __global__ void hidden_grad(T* z1, const T* __restrict__ b1, const T* __restrict__ W2,
                                        const T* __restrict__ e, const int n, const int H, const T scale,
-                                       const int split, T* __restrict__ dz1cat, T* gb1, T* gW2, T* gb2) {
-    // Thread: column h of HID_ROWS rows. With a = sigmoid(z1 + b1):
-    //   dz1 = scale (e W2) a (1 - a), written over z1, or if split into dz1cat (n x 3H) as TF32
-    //   parts [hi | lo | hi];
+                                       const int transposed, const int split, T* __restrict__ dz1t, const int ld,
+                                       const int part, T* gb1, T* gW2, T* gb2) {
+    // Thread: column h of HID_ROWS rows (rows past n count as zeros). With a = sigmoid(z1 + b1):
+    //   dz1 = scale (e W2) a (1 - a), written over z1, or if transposed into dz1t for a dW1 GEMM
+    //   from K-major operands: dz1t[h, r] = dz1[r, h] (row stride ld); if split, as TF32 parts: hi
+    //   at r, lo at part + r, hi at 2 part + r. Transposed, the block's THREADS x HID_ROWS values go
+    //   through shared memory (dynamic: THREADS x (HID_ROWS + 1) Ts), so that its warps write runs
+    //   of HID_ROWS values along dz1t's rows rather than one value per row;
     // and the block's sums over its rows added to the gradient (zeroed by the caller):
     //   db1 += sum dz1, dW2 += scale e^T a, db2 += scale sum e (blocks of the first column tile).
     __shared__ T es[HID_ROWS * C];
-    const int r0 = blockIdx.y * HID_ROWS, rows = n - r0 < HID_ROWS ? n - r0 : HID_ROWS;
+    extern __shared__ __align__(16) unsigned char staged[];
+    T(*tile)[HID_ROWS + 1] = reinterpret_cast<T(*)[HID_ROWS + 1]>(staged);  // +1: distinct banks below
+    const int r0 = blockIdx.y * HID_ROWS, rows = min(HID_ROWS, max(0, n - r0));
     for (int k = threadIdx.x; k < rows * C; k += blockDim.x) es[k] = e[(long long)r0 * C + k];
     __syncthreads();
     if (blockIdx.x == 0 && threadIdx.x < C) {
@@ -182,32 +233,49 @@ extern "C" __global__ void hidden_grad(T* __restrict__ z1, const T* __restrict__
         for (int r = 0; r < rows; ++r) s += es[r * C + threadIdx.x];
         atomicAdd(gb2 + threadIdx.x, scale * s);
     }
-    const int h = blockIdx.x * blockDim.x + threadIdx.x;
-    if (h >= H) return;
-    T w[C], acc[C];
-    for (int c = 0; c < C; ++c) { w[c] = W2[(long long)c * H + h]; acc[c] = 0; }
-    const T bh = b1[h];
-    T db = 0;
+    const int h0 = blockIdx.x * THREADS, h = h0 + threadIdx.x;
+    if (h < H) {
+        T w[C], acc[C];
+        for (int c = 0; c < C; ++c) { w[c] = W2[(long long)c * H + h]; acc[c] = 0; }
+        const T bh = b1[h];
+        T db = 0;
 #pragma unroll 4
-    for (int r = 0; r < rows; ++r) {
-        const long long k = (long long)(r0 + r) * H + h;
-        const T a = sigmoid(z1[k] + bh);
-        T da = 0;
-        for (int c = 0; c < C; ++c) {
-            const T ec = es[r * C + c];
-            da += ec * w[c];
-            acc[c] += a * ec;
+        for (int r = 0; r < HID_ROWS; ++r) {
+            T d = 0;
+            if (r < rows) {
+                const long long k = (long long)(r0 + r) * H + h;
+                const T a = sigmoid(z1[k] + bh);
+                T da = 0;
+                for (int c = 0; c < C; ++c) {
+                    const T ec = es[r * C + c];
+                    da += ec * w[c];
+                    acc[c] += a * ec;
+                }
+                d = scale * da * a * ((T)1 - a);
+                db += d;
+                if (!transposed) z1[k] = d;
+            }
+            if (transposed) tile[threadIdx.x][r] = d;
         }
-        const T d = scale * da * a * ((T)1 - a);
-        db += d;
+        atomicAdd(gb1 + h, db);
+        for (int c = 0; c < C; ++c) atomicAdd(gW2 + (long long)c * H + h, scale * acc[c]);
+    }
+    if (!transposed) return;
+    __syncthreads();
+    for (int k = threadIdx.x; k < THREADS * HID_ROWS; k += THREADS) {  // row i of the tile is dz1t's row h0 + i
+        const int i = k / HID_ROWS, r = k - i * HID_ROWS;
+        if (h0 + i >= H) break;
+        const T v = tile[i][r];
+        T* out = dz1t + (long long)(h0 + i) * ld + r0 + r;
         if (split) {
-            put_split(dz1cat + (long long)(r0 + r) * 3 * H, H, h, d, 1);
+            const T hi = tf32(v), lo = tf32(v - hi);
+            out[0] = hi;
+            out[part] = lo;
+            out[2 * part] = hi;
         } else {
-            z1[k] = d;
+            out[0] = v;
         }
     }
-    atomicAdd(gb1 + h, db);
-    for (int c = 0; c < C; ++c) atomicAdd(gW2 + (long long)c * H + h, scale * acc[c]);
 }
 
 extern "C" __global__ void sgd_update(T* p, const T* g, const long long begin, const long long end,
@@ -249,57 +317,9 @@ extern "C" __global__ void sgd_update(T* p, const T* g, const long long begin, c
 }
 """
 
-_HANDLES: dict[tuple[int, bool], int] = {}
-
-
-def _cublas_handle(tensor_cores: bool) -> int:
-    """A cuBLAS handle of our own per device and math mode: CuPy's own handle (and so its
-    matmuls elsewhere, e.g. the test-set evaluation) keeps its default math mode."""
-    import cupy as cp
-    from cupy_backends.cuda.libs import cublas
-
-    key = (cp.cuda.Device().id, tensor_cores)
-    if key not in _HANDLES:
-        handle = cublas.create()
-        if tensor_cores:
-            cublas.setMathMode(handle, getattr(cublas, "CUBLAS_TF32_TENSOR_OP_MATH", 3))  # not exported by CuPy 14
-        _HANDLES[key] = handle
-    return _HANDLES[key]
-
-
-class Gemm:
-    """out = op(a) @ op(b) for row-major arrays, straight through cuBLAS.
-
-    cupy.matmul spends ~17 us of CPU per call on checks and dispatch, more than a TF32 GEMM of
-    this size takes on the GPU; a direct call costs a few. Row-major out (m x n) is column-major
-    out^T, so cuBLAS computes out^T = op(b)^T op(a)^T."""
-
-    def __init__(self, dtype: Any, tensor_cores: bool) -> None:
-        import cupy as cp
-        from cupy_backends.cuda.libs import cublas
-
-        self.cublas, self.cupy = cublas, cp
-        self.handle = _cublas_handle(tensor_cores and np.dtype(dtype) == np.float32)
-        self.op = {False: cublas.CUBLAS_OP_N, True: cublas.CUBLAS_OP_T}
-        self.fn = cublas.sgemm if np.dtype(dtype) == np.float32 else cublas.dgemm
-        self.one, self.zero = np.ones(1, dtype=dtype), np.zeros(1, dtype=dtype)
-
-    def __call__(self, a: Any, b: Any, out: Any, ta: bool = False, tb: bool = False) -> None:
-        """a, b and out: rows contiguous (a column slice of a C-contiguous array is fine)."""
-        m, n = out.shape
-        k = a.shape[0] if ta else a.shape[1]
-        op = self.op
-        self.cublas.setStream(self.handle, self.cupy.cuda.get_current_stream().ptr)
-        # Column slices keep their row stride.
-        lda, ldb, ldc = (v.strides[0] // v.itemsize for v in (a, b, out))
-        self.fn(
-            self.handle, op[tb], op[ta], n, m, k, self.one.ctypes.data, b.data.ptr, ldb,
-            a.data.ptr, lda, self.zero.ctypes.data, out.data.ptr, ldc,
-        )  # fmt: skip
-
 
 class FusedStep:
-    """The same step in 2 cuBLAS GEMMs (plus X's split with tf32x3), 3 fused kernels and a memset."""
+    """The same step in 2 cuBLAS GEMMs, 4 fused kernels (X's preparation among them) and a memset."""
 
     KERNELS = _KERNELS  # a class attribute, so benchmarks/gpu_kernels.py can time variants
     # Block shapes: the fastest measured (benchmarks/gpu_kernels.py, BENCHMARKS.md).
@@ -328,14 +348,15 @@ class FusedStep:
         ctype, vtype = {np.dtype(np.float32): ("float", "float4"), np.dtype(np.float64): ("double", "double2")}[dtype]
         vec = 16 // dtype.itemsize
         hw_len = -(-(layout.C + 1) // vec) * vec
-        defines = {"C": layout.C, "OUT_ROWS": self.OUT_ROWS, "HID_ROWS": self.HID_ROWS, "VEC": vec, "HW": hw_len}
+        defines = {"C": layout.C, "THREADS": self.THREADS, "OUT_ROWS": self.OUT_ROWS, "HID_ROWS": self.HID_ROWS}
+        defines |= {"VEC": vec, "HW": hw_len}
         head = f"typedef {ctype} T;\ntypedef {vtype} V;\n" + "".join(f"#define {k} {v}\n" for k, v in defines.items())
         module = cp.RawModule(code=head + self.KERNELS)
-        names = ("split_tf32", "output_layer", "hidden_grad", "sgd_update")
+        names = ("split_tf32", "prepare_x", "output_layer", "hidden_grad", "sgd_update")
         self._kernel = {name: module.get_function(name) for name in names}
         self.gemm = Gemm(dtype, tensor_cores=gemm in TENSOR_CORE_GEMMS)
         D, H, C = layout.D, layout.H, layout.C
-        self.z1 = cp.empty((max_rows, H), dtype=dtype)  # z1 (without b1), then dz1 in place (not split)
+        self.z1 = cp.empty((max_rows, H), dtype=dtype)  # z1 (without b1), then dz1 in place (if not kmajor)
         self.e = cp.empty((max_rows, C), dtype=dtype)  # softmax(z2) - onehot(y)
         # Row h: W2[:, h], b1[h], zeros; kept by update(). output_layer reads each row in 16-byte loads.
         self.hw = cp.zeros((H, hw_len), dtype=dtype)
@@ -345,14 +366,24 @@ class FusedStep:
         self.scalar = dtype.type
         w1_end, w2_begin = H * D, H * D + H  # weights: [0, w1_end) and [w2_begin, w2_end)
         self.bounds = tuple(np.int64(v) for v in (w1_end, w2_begin, w2_begin + C * H))
+        # With tensor cores, dW1 = dz1^T X from transposed copies (K-major operands): row h of dz1t
+        # is dz1[:, h], row j of xt is X[:, j]; split, the three TF32 parts in three column blocks.
+        # A batch's samples are padded with zeros to whole tiles (``padded``): prepare_x's 32 x 32
+        # and hidden_grad's HID_ROWS. SGEMM and DGEMM read dz1 and X as they are: transposing gains
+        # their GEMM nothing and cost the overlapped step 4% (BENCHMARKS.md).
+        self.kmajor = gemm in TENSOR_CORE_GEMMS and dtype == np.float32
+        self.blocks, self.tile = (3 if self.split else 1), max(32, self.HID_ROWS)
+        self.ld = self.blocks * self.padded(max_rows) if self.kmajor else 0
+        self.xt = cp.zeros((D, self.ld), dtype=dtype)
+        self.dz1t = cp.zeros((H, self.ld), dtype=dtype)
+        self.staged = self.THREADS * (self.HID_ROWS + 1) * dtype.itemsize if self.kmajor else 0  # its tile, bytes
         if self.split:
             # The GEMMs' operands as TF32 parts. In z1's, small products first (summed first, they lose less).
             self.xcat = cp.empty((max_rows, 3 * D), dtype=dtype)  # [X_lo | X_hi | X_hi]
             self.w1cat = cp.empty((H, 3 * D), dtype=dtype)  # [W1_hi | W1_lo | W1_hi], kept by update()
-            self.dz1cat = cp.empty((max_rows, 3 * H), dtype=dtype)  # [dz1_hi | dz1_lo | dz1_hi]
             self._split(self.p.W1, self.w1cat, lo_at=1)
         else:
-            self.w1cat = self.dz1cat = cp.empty(1, dtype=dtype)  # unused kernel arguments
+            self.xcat = self.w1cat = cp.empty(1, dtype=dtype)  # unused kernel arguments
         # The all-reduce, and with overlap W1's rows in two parts, each summed as soon as its dW1 is
         # computed: part 0 = gbuf[:cut] (dW1's first rows), part 1 = the rest (with b1, W2, b2, loss).
         self.allreduce = allreduce
@@ -371,15 +402,12 @@ class FusedStep:
         self.summed = [cp.cuda.Event(disable_timing=True) for _ in self.parts]  # recorded by NCCL's stream
         self.pending: tuple[Any, ...] | None = None  # the rest of the last update (overlap)
         # The GEMMs' operands per part of W1's rows, as views made once: a CuPy view costs a few
-        # us of CPU, which a step launch-bound at small H cannot spare. Split, dz1cat and xcat are
-        # also read as 3n rows (dw1_gemm).
+        # us of CPU, which a step launch-bound at small H cannot spare.
         w1 = self.w1cat if self.split else self.p.W1
-        dz1 = self.dz1cat.reshape(3 * max_rows, H) if self.split else self.z1
-        self.x3 = self.xcat.reshape(3 * max_rows, D) if self.split else None
         self.w1_part = [w1[lo:hi] for lo, hi in rows]
         self.z1_part = [self.z1[:, lo:hi] for lo, hi in rows]
         self.gw1_part = [self.g.W1[lo:hi] for lo, hi in dw1_rows]
-        self.dz1_part = [dz1[:, lo:hi] for lo, hi in dw1_rows]
+        self.dz1_part = [(self.dz1t[lo:hi] if self.kmajor else self.z1[:, lo:hi]) for lo, hi in dw1_rows]
         # sgd_update's launch per range of the parameters: all, or with overlap [0, cut) and the rest.
         sm = cp.cuda.Device().attributes["MultiProcessorCount"]
         ranges = [(0, self.cut), (self.cut, layout.size)] if self.overlap else [(0, layout.size)]
@@ -390,10 +418,22 @@ class FusedStep:
         blocks = min(-(-a.size // self.THREADS), 1024)
         self._kernel["split_tf32"]((blocks,), (self.THREADS,), (a, np.int32(rows), np.int32(d), np.int32(lo_at), out))
 
+    def padded(self, n: int) -> int:
+        """n samples to whole tiles: the columns of xt and dz1t that a batch of n fills."""
+        return self.tile * -(-n // self.tile)
+
+    def prepare_x(self, x: Any) -> None:
+        """X^T into xt; split, also X's TF32 parts into xcat (for z1) and xt (for dW1)."""
+        (n, D), part = x.shape, self.padded(len(x))
+        self._kernel["prepare_x"](
+            (-(-D // 32), part // 32), (32, 8),
+            (x, np.int32(n), np.int32(D), np.int32(self.split), self.xcat, self.xt, np.int32(self.ld), np.int32(part)),
+        )  # fmt: skip
+
     def forward(self, x: Any, y: Any) -> None:
-        cp, n = self.cp, len(x)
-        if self.split:
-            self._split(x, self.xcat[:n], lo_at=0)
+        cp = self.cp
+        if self.kmajor:
+            self.prepare_x(x)
         self.z1_gemm(x, 0)  # with overlap: W1's first rows, updated already
         self._finish_update()  # with overlap: the rest of W1, b1, W2, b2, once their sum is in
         cp.cuda.runtime.memsetAsync(self.tail.data.ptr, 0, self.tail.nbytes, cp.cuda.get_current_stream().ptr)
@@ -431,14 +471,16 @@ class FusedStep:
             (self.z1, self.hw, self.p.b2, y, np.int32(n), np.int32(H), self.e, self.ce_sum),
         )  # fmt: skip
 
-    def hidden_gradient(self, n: int, scale: float, z1: Any = None) -> None:
-        """dz1 from z1 (default: the step's own), written over it or, split, into dz1cat; and dW2,
-        db1, db2 added to the gradient."""
-        g, H = self.g, self.layout.H
+    def hidden_gradient(self, n: int, scale: float) -> None:
+        """dz1 from z1, written over it or (kmajor) transposed into dz1t (split: as TF32 parts);
+        and dW2, db1, db2 added to the gradient."""
+        g, H, part = self.g, self.layout.H, self.padded(n)
         self._kernel["hidden_grad"](
-            (-(-H // self.THREADS), -(-n // self.HID_ROWS)), (self.THREADS,),
-            (self.z1 if z1 is None else z1, self.p.b1, self.p.W2, self.e, np.int32(n), np.int32(H),
-             self.scalar(scale), np.int32(self.split), self.dz1cat, g.b1, g.W2, g.b2),
+            (-(-H // self.THREADS), part // self.HID_ROWS), (self.THREADS,),
+            (self.z1, self.p.b1, self.p.W2, self.e, np.int32(n), np.int32(H), self.scalar(scale),
+             np.int32(self.kmajor), np.int32(self.split), self.dz1t, np.int32(self.ld), np.int32(part),
+             g.b1, g.W2, g.b2),
+            shared_mem=self.staged,
         )  # fmt: skip
 
     def z1_gemm(self, x: Any, part: int = 0) -> None:
@@ -449,11 +491,14 @@ class FusedStep:
 
     def dw1_gemm(self, x: Any, part: int = 0) -> None:
         """dW1 = dz1^T X, the rows of dW1's ``part``-th GEMM (all of them, or with overlap and
-        SGEMM W1's rows in that part). Split: one GEMM over K = 3n, dz1cat and xcat read
-        as 3n x H and 3n x D, so rows 3r + j (j = 0, 1, 2) pair dz1_hi X_lo, dz1_lo X_hi and
-        dz1_hi X_hi for sample r: the three products summed in one pass."""
-        k = 3 * len(x) if self.split else len(x)
-        self.gemm(self.dz1_part[part][:k], self.x3[:k] if self.split else x, self.gw1_part[part], ta=True)
+        SGEMM W1's rows in that part). kmajor: dz1t xt^T over the padded samples (zeros past n);
+        split, over three blocks of them, dz1_hi X_lo, dz1_lo X_hi and dz1_hi X_hi: the three
+        products summed in one pass."""
+        if not self.kmajor:
+            self.gemm(self.dz1_part[part][: len(x)], x, self.gw1_part[part], ta=True)
+            return
+        k = self.blocks * self.padded(len(x))
+        self.gemm(self.dz1_part[part][:, :k], self.xt[:, :k], self.gw1_part[part], tb=True)
 
     def update(self, lr: float, reg: float, inv_batch: float, loss_out: Any) -> None:
         """SGD + L2 and loss_out[0] += the batch's loss. With overlap only W1's first rows are

@@ -1,0 +1,61 @@
+"""Row-major GEMMs for the fused step (trainer/steps.py): out = op(a) @ op(b), straight to cuBLAS.
+
+cupy.matmul spends ~17 us of CPU per call on checks and dispatch, more than a TF32 GEMM of the
+step's size takes on the GPU; a direct call costs a few. Row-major out (m x n) is column-major
+out^T, so cuBLAS computes out^T = op(b)^T op(a)^T. cuBLAS's heuristic picks the algorithm:
+timing cuBLASLt's other candidates and keeping the fastest (autotuning) gained nothing at the
+step's shapes (benchmarks/gpu_gemm.py, BENCHMARKS.md); the operands' layout did.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+_HANDLES: dict[tuple[int, bool], int] = {}
+
+
+def _cublas_handle(tensor_cores: bool) -> int:
+    """A cuBLAS handle of our own per device and math mode: CuPy's own handle (and so its
+    matmuls elsewhere, e.g. the test-set evaluation) keeps its default math mode."""
+    import cupy as cp
+    from cupy_backends.cuda.libs import cublas
+
+    key = (cp.cuda.Device().id, tensor_cores)
+    if key not in _HANDLES:
+        handle = cublas.create()
+        if tensor_cores:
+            cublas.setMathMode(handle, getattr(cublas, "CUBLAS_TF32_TENSOR_OP_MATH", 3))  # not exported by CuPy 14
+        _HANDLES[key] = handle
+    return _HANDLES[key]
+
+
+def _leading(v: Any) -> int:
+    """The row stride in elements: column slices of a C-contiguous array keep their parent's."""
+    return v.strides[0] // v.itemsize
+
+
+class Gemm:
+    """out = op(a) @ op(b) through cublasSgemm (float32; TF32 tensor cores if asked) or Dgemm."""
+
+    def __init__(self, dtype: Any, tensor_cores: bool) -> None:
+        import cupy as cp
+        from cupy_backends.cuda.libs import cublas
+
+        self.cublas, self.cupy = cublas, cp
+        self.handle = _cublas_handle(tensor_cores and np.dtype(dtype) == np.float32)
+        self.op = {False: cublas.CUBLAS_OP_N, True: cublas.CUBLAS_OP_T}
+        self.fn = cublas.sgemm if np.dtype(dtype) == np.float32 else cublas.dgemm
+        self.one, self.zero = np.ones(1, dtype=dtype), np.zeros(1, dtype=dtype)
+
+    def __call__(self, a: Any, b: Any, out: Any, ta: bool = False, tb: bool = False) -> None:
+        """a, b and out: rows contiguous (a column slice of a C-contiguous array is fine)."""
+        m, n = out.shape
+        k = a.shape[0] if ta else a.shape[1]
+        op = self.op
+        self.cublas.setStream(self.handle, self.cupy.cuda.get_current_stream().ptr)
+        self.fn(
+            self.handle, op[tb], op[ta], n, m, k, self.one.ctypes.data, b.data.ptr, _leading(b),
+            a.data.ptr, _leading(a), self.zero.ctypes.data, out.data.ptr, _leading(out),
+        )  # fmt: skip
