@@ -3,17 +3,18 @@ then, after the all-reduce, the update. Two implementations of the same math:
 
 - GenericStep: model.py's functions, NumPy or CuPy, one array op per kernel. The readable
   reference, and what the CPU ranks and the sequential check run.
-- FusedStep (CuPy only): the two large GEMMs (X W1^T and dz1^T X) straight through cuBLAS, and
-  everything else in four fused kernels that each pass over the B x H activations at most once:
-  X's preparation for the GEMMs, the output layer (sigmoid, the 10-wide second layer, softmax,
-  loss), the hidden gradient (dz1, dW2, db1, db2) and the SGD+L2 update. No host
-  synchronisation anywhere in the step.
+- FusedStep (CuPy only): the two large GEMMs (X W1^T and dz1^T X) straight through cuBLAS
+  (trainer/gemm.py), and everything else in fused kernels that each pass over the B x H
+  activations at most once: the output layer (sigmoid, the 10-wide second layer, softmax, loss),
+  the hidden gradient (dz1, dW2, db1, db2) and the SGD+L2 update; with tensor cores also X's
+  preparation for the GEMMs. No host synchronisation anywhere in the step.
 
-Both GEMMs read their operands K-major (the summed-over index contiguous in memory): z1 = X W1^T
-from X and W1 as they are, dW1 = dz1^T X from transposed copies, dz1^T written so by the hidden
-gradient and X^T by ``prepare_x``. From row-major dz1 and X, cuBLAS's TF32 dW1 took 69 us
-instead of 42 at H=2048, B=3200 (3xTF32: 190 against 96; SGEMM: 253 against 248; H100,
-benchmarks/gpu_gemm.py); transposing X costs about 7 us.
+With tensor cores both GEMMs read their operands K-major (the summed-over index contiguous in
+memory): z1 = X W1^T from X and W1 as they are, dW1 = dz1^T X from transposed copies, dz1^T
+written so by the hidden gradient and X^T by ``prepare_x``. From row-major dz1 and X, cuBLAS's
+TF32 dW1 took 69 us instead of 42 at H=2048, B=3200 (3xTF32: 190 against 96; H100,
+benchmarks/gpu_gemm.py), more than the transposes cost. SGEMM and DGEMM gain nothing from it
+(253 against 248 us) and keep dz1 over z1, row-major.
 
 In float32 the large GEMMs run one of three ways (``gemm``):
 - ``sgemm``: cuBLAS SGEMM on the CUDA cores (float32 products and sums);
@@ -25,9 +26,9 @@ In float32 the large GEMMs run one of three ways (``gemm``):
   gradient, X in its preparation). Each product stays one GEMM: z1's over K = 3D, the rows
   [X_lo | X_hi | X_hi] against [W1_hi | W1_lo | W1_hi]; dW1's over K = 3n, the transposed copies
   [dz1_hi | dz1_lo | dz1_hi] against [X_lo | X_hi | X_hi]. In both the small products are
-  summed apart from the large ones: dW1 with the three parts of a sample side by side (K-major)
-  lost a factor 10 of its accuracy (test_tf32x3_keeps_float32_accuracy: 1.3e-6 against SGEMM's
-  1.2e-7), the tensor cores adding each few products at the precision of the largest.
+  summed apart from the large ones: with the three parts of a sample side by side, the K-major
+  dW1 gradient's error against float64 was 10x SGEMM's, in blocks it is 4-5x
+  (test_tf32x3_keeps_float32_accuracy; the trained weights' error equals SGEMM's, BENCHMARKS.md).
 
 With NCCL the fused step can hide the all-reduce behind its own compute (``overlap``): W1's rows
 are taken in two halves. With SGEMM the sum of the first half's dW1 runs on a side stream while
@@ -319,7 +320,7 @@ extern "C" __global__ void sgd_update(T* p, const T* g, const long long begin, c
 
 
 class FusedStep:
-    """The same step in 2 cuBLAS GEMMs, 4 fused kernels (X's preparation among them) and a memset."""
+    """The same step in 2 cuBLAS GEMMs, 3 fused kernels (4 with tensor cores: X's preparation) and a memset."""
 
     KERNELS = _KERNELS  # a class attribute, so benchmarks/gpu_kernels.py can time variants
     # Block shapes: the fastest measured (benchmarks/gpu_kernels.py, BENCHMARKS.md).
