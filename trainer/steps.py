@@ -102,7 +102,8 @@ __device__ inline double tf32(double x) { return x; }  // float64 is never split
 
 __device__ inline T sigmoid(T z) { return (T)1 / ((T)1 + exp(-z)); }  // __expf: 4% faster, less exact
 
-// Write v into the three d-wide thirds of a row as TF32 parts: hi, and lo in third lo_at.
+// Write v as TF32 parts into three places d apart (a row's d-wide thirds, or three column
+// blocks of xt or dz1t): hi, and lo in place lo_at.
 __device__ inline void put_split(T* row3, const int d, const int j, const T v, const int lo_at) {
     const T hi = tf32(v), lo = tf32(v - hi);
     row3[j] = lo_at == 0 ? lo : hi;
@@ -143,10 +144,7 @@ extern "C" __global__ void prepare_x(const T* __restrict__ x, const int n, const
         const T v = tile[tx][i];  // X[r0 + tx, c0 + i]
         T* out = xt + (long long)(c0 + i) * ld + r0 + tx;
         if (split) {
-            const T hi = tf32(v), lo = tf32(v - hi);
-            out[0] = lo;
-            out[part] = hi;
-            out[2 * part] = hi;
+            put_split(out, part, 0, v, 0);  // lo, hi, hi
         } else {
             out[0] = v;
         }
@@ -269,10 +267,7 @@ extern "C" __global__ void hidden_grad(T* z1, const T* __restrict__ b1, const T*
         const T v = tile[i][r];
         T* out = dz1t + (long long)(h0 + i) * ld + r0 + r;
         if (split) {
-            const T hi = tf32(v), lo = tf32(v - hi);
-            out[0] = hi;
-            out[part] = lo;
-            out[2 * part] = hi;
+            put_split(out, part, 0, v, 1);  // hi, lo, hi
         } else {
             out[0] = v;
         }
