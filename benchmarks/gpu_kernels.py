@@ -6,7 +6,8 @@ GPU time per launch without the CPU's launch cost (20 launches captured in a CUD
 - output_layer against ablated copies of itself (each removes one part of its work, so the
   differences say where its time goes), over grid sizes;
 - hidden_grad over its block shapes (threads per block, rows per block).
-This is how FusedStep's OUT_ROWS, HID_ROWS and THREADS were chosen.
+This is how FusedStep's OUT_ROWS, HID_ROWS and THREADS were chosen. With --profile-target it
+only launches hidden_grad in both of its layouts, for Nsight Compute (BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -60,6 +61,17 @@ def shaped(kernels: str, threads: int, out_rows: int, hid_rows: int, x, y):
     return fused_step(H, "tf32", x, y, cls=type("Shaped", (FusedStep,), shape))
 
 
+def profile_target(x, y) -> None:
+    """hidden_grad of the SGEMM step (dz1 over z1) and of the TF32 step (dz1 transposed), each
+    launched twice after the step's own forward and backward: for a profiler (BENCHMARKS.md)."""
+    import cupy as cp
+
+    for gemm in ("sgemm", "tf32"):
+        s = fused_step(H, gemm, x, y)
+        s.hidden_gradient(B, 1 / B)
+    cp.cuda.runtime.deviceSynchronize()
+
+
 def main() -> None:
     import cupy as cp
 
@@ -67,6 +79,9 @@ def main() -> None:
 
     xh, yh = inputs(B)
     x, y = cp.asarray(xh), cp.asarray(yh)
+    if "--profile-target" in sys.argv:
+        profile_target(x, y)
+        return
     print(f"output_layer, us per launch ({cp.cuda.runtime.getDeviceProperties(0)['name'].decode()})")
     print(f"{'variant':20s} {'threads':>7s} {'rows/block':>10s} {'blocks':>6s} {'us':>7s}")
     for name, change in ABLATIONS.items():
