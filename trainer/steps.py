@@ -366,9 +366,9 @@ class FusedStep:
         # is dz1[:, h], row j of xt is X[:, j]; split, the three TF32 parts in three column blocks.
         # A batch's samples are padded with zeros to whole tiles (``padded``): prepare_x's 32 x 32
         # and hidden_grad's HID_ROWS. SGEMM and DGEMM read dz1 and X as they are: transposing gains
-        # their GEMM nothing and cost the overlapped step 4% (BENCHMARKS.md).
+        # their GEMM nothing and cost the overlapped step 5% (BENCHMARKS.md).
         self.kmajor = gemm in TENSOR_CORE_GEMMS and dtype == np.float32
-        self.blocks, self.tile = (3 if self.split else 1), max(32, self.HID_ROWS)
+        self.blocks, self.pad_to = (3 if self.split else 1), max(32, self.HID_ROWS)
         self.ld = self.blocks * self.padded(max_rows) if self.kmajor else 0
         self.xt = cp.zeros((D, self.ld), dtype=dtype)
         self.dz1t = cp.zeros((H, self.ld), dtype=dtype)
@@ -416,7 +416,7 @@ class FusedStep:
 
     def padded(self, n: int) -> int:
         """n samples to whole tiles: the columns of xt and dz1t that a batch of n fills."""
-        return self.tile * -(-n // self.tile)
+        return self.pad_to * -(-n // self.pad_to)
 
     def prepare_x(self, x: Any) -> None:
         """X^T into xt; split, also X's TF32 parts into xcat (for z1) and xt (for dW1)."""
