@@ -9,6 +9,8 @@ launched together. If the two run concurrently, "both" is close to max(GEMM, all
 serialised, it is their sum. Varied: the side stream's priority, the SMs cuBLAS may use
 (cublasSetSmCountTarget, leaving the rest to NCCL) and NCCL_MAX_CTAS (NCCL's blocks per GPU).
 With the whole step's timings (gpu_scaling.py), this chose overlap=auto and NCCL_MAX_CTAS=8.
+The GEMM reads dz1 and X row-major, as the step did then; with tensor cores the step's dW1 now
+reads K-major copies (trainer/steps.py), a GEMM about 40% shorter (benchmarks/gpu_gemm.py).
 """
 
 from __future__ import annotations
