@@ -3,7 +3,8 @@
     python benchmarks/gpu_gemm.py              # H=2048, B=3200 and 12800, every float32 mode
 
 For each GEMM of the step (z1 = X W1^T and dW1 = dz1^T X, with 3xTF32 their K-tripled forms),
-and for dW1 also from K-major operands (dz1^T and X^T stored, as the fused step now does),
+in the operands' layouts the step used and uses (z1^T = W1 X^T; dW1 from dz1^T and X, or from
+the K-major dz1^T and X^T),
 prints us per call of: cublasSgemm (trainer/gemm.py, what the step calls), cuBLASLt's first
 heuristic pick, and the fastest of its candidates each timed on the first call (autotuning, as
 PyTorch's TunableOp does), with each candidate's tile id and split-K; and the largest relative
@@ -202,9 +203,13 @@ def shapes(H: int, B: int, f: int) -> dict[str, tuple]:
     """(a's shape, b's shape, out's shape, ta, tb) of the step's two GEMMs."""
     return {
         "z1 = X W1^T": ((B, f * D), (H, f * D), (B, H), False, True),
+        # Its transpose, as the fused step computes it (z1 kept H x B): both operands K-major too.
+        "z1^T = W1 X^T": ((H, f * D), (B, f * D), (H, B), False, True),
         "dW1 = dz1^T X": ((f * B, H), (f * B, D), (H, D), True, False),
-        # The same product from dz1^T (H x B) and X^T (D x B): both operands K-major, which the
-        # tensor cores' TF32 instructions read directly.
+        # From dz1^T (H x B) and X as it is (B x D): the fused step's SGEMM and DGEMM.
+        "dW1 from dz1^T, X": ((H, f * B), (f * B, D), (H, D), False, False),
+        # From dz1^T (H x B) and X^T (D x B): both operands K-major, which the tensor cores' TF32
+        # instructions read directly (the fused step's tf32 and tf32x3).
         "dW1 K-major": ((H, f * B), (D, f * B), (H, D), False, True),
     }
 
@@ -249,9 +254,9 @@ def main() -> None:
                 for name, case in shapes(H, B, f).items():
                     print(f"\n{mode} H={H} B={B} {name}:")
                     summary.append((mode, H, B, name, *compare(gemms, case)))
-    print("\nmode    H     B      GEMM             cublasSgemm  Lt first  Lt tuned  gain")
+    print("\nmode    H     B      GEMM               cublasSgemm  Lt first  Lt tuned  gain")
     for mode, H, B, name, t0, t1, t2 in summary:
-        print(f"{mode:7s} {H:5d} {B:6d} {name:16s} {t0:11.1f} {t1:9.1f} {t2:9.1f} {t0 / t2:5.2f}x")
+        print(f"{mode:7s} {H:5d} {B:6d} {name:18s} {t0:11.1f} {t1:9.1f} {t2:9.1f} {t0 / t2:5.2f}x")
 
 
 if __name__ == "__main__":

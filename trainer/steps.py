@@ -3,18 +3,19 @@ then, after the all-reduce, the update. Two implementations of the same math:
 
 - GenericStep: model.py's functions, NumPy or CuPy, one array op per kernel. The readable
   reference, and what the CPU ranks and the sequential check run.
-- FusedStep (CuPy only): the two large GEMMs (X W1^T and dz1^T X) straight through cuBLAS
+- FusedStep (CuPy only): the two large GEMMs (W1 X^T and dz1^T X) straight through cuBLAS
   (trainer/gemm.py), and everything else in fused kernels that each pass over the B x H
   activations at most once: the output layer (sigmoid, the 10-wide second layer, softmax, loss),
   the hidden gradient (dz1, dW2, db1, db2) and the SGD+L2 update; with tensor cores also X's
   preparation for the GEMMs. No host synchronisation anywhere in the step.
 
-With tensor cores both GEMMs read their operands K-major (the summed-over index contiguous in
-memory): z1 = X W1^T from X and W1 as they are, dW1 = dz1^T X from transposed copies, dz1^T
-written so by the hidden gradient and X^T by ``prepare_x``. From row-major dz1 and X, cuBLAS's
-TF32 dW1 took 69 us instead of 42 at H=2048, B=3200 (3xTF32: 190 against 96; H100,
-benchmarks/gpu_gemm.py), more than the transposes cost. SGEMM and DGEMM gain nothing from it
-(253 against 248 us) and keep dz1 over z1, row-major.
+The fused step keeps z1 transposed, H x B with the batch index contiguous: z1^T = W1 X^T reads
+both operands K-major (the summed-over index contiguous in memory), the fused kernels read and
+write along samples, and the hidden gradient writes dz1^T over z1^T, which dW1 = dz1^T X reads
+K-major too. With tensor cores dW1 reads X^T as well (written by ``prepare_x``): from row-major
+operands cuBLAS's TF32 dW1 took 69 us instead of 42 at H=2048, B=3200 (3xTF32: 190 against 96;
+H100, benchmarks/gpu_gemm.py). SGEMM and DGEMM gain nothing from it (253 against 248 us) and
+read X as it is.
 
 In float32 the large GEMMs run one of three ways (``gemm``):
 - ``sgemm``: cuBLAS SGEMM on the CUDA cores (float32 products and sums);
@@ -24,7 +25,7 @@ In float32 the large GEMMs run one of three ways (``gemm``):
   with float32 accumulation: three tensor-core products, the dropped lo*lo term is ~2^-22. The
   splits ride along kernels that already touch the data (W1 in the update, dz1 in the hidden
   gradient, X in its preparation). Each product stays one GEMM: z1's over K = 3D, the rows
-  [X_lo | X_hi | X_hi] against [W1_hi | W1_lo | W1_hi]; dW1's over K = 3n, the transposed copies
+  [W1_hi | W1_lo | W1_hi] against [X_lo | X_hi | X_hi]; dW1's over K = 3n, the transposed
   [dz1_hi | dz1_lo | dz1_hi] against [X_lo | X_hi | X_hi]. In both the small products are
   summed apart from the large ones: with the three parts of a sample side by side, the K-major
   dW1 gradient's error against float64 was 10x SGEMM's, in blocks it is 4-5x
@@ -33,11 +34,12 @@ In float32 the large GEMMs run one of three ways (``gemm``):
 With NCCL the fused step can hide the all-reduce behind its own compute (``overlap``): W1's rows
 are taken in two halves. With SGEMM the sum of the first half's dW1 runs on a side stream while
 the second half's dW1 is computed; with tensor cores dW1 stays one GEMM (halved, its GEMMs
-run too few tiles) and both sums follow it. The sum of the second half (with db1, dW2, db2 and
-the loss) runs while the first half of W1 is updated and the next batch's first half of
-z1 = X W1^T is computed. So the rest of an update is done by the next forward (or by ``finish``,
-before anyone reads the weights), and the step's "allreduce" phase is only the wait for the
-first half's sum.
+run too few tiles) and both sums follow it. The update waits for them in the next forward: the
+first half's sum runs beside the next batch's X preparation (tensor cores), the second half's
+(with db1, dW2, db2 and the loss) while the first half of W1 is updated and the next batch's
+first half of z1^T = W1 X^T is computed. So an update is done by the next forward (or by
+``finish``, before anyone reads the weights), and the step's "allreduce" and "update" phases
+are empty.
 
 Every step has the same five calls, which trainer/loop.py makes in order: forward, backward (or
 zero_gradient for a rank without rows), reduce, update, and finish at the end of an epoch.
@@ -87,11 +89,13 @@ class GenericStep:
 
 
 _KERNELS = r"""
-// Defined by FusedStep: T, C (classes), THREADS (threads per block of hidden_grad), OUT_ROWS
-// (rows per block of output_layer: hw is read once per OUT_ROWS rows), HID_ROWS (rows per block
-// of hidden_grad: its sums are flushed once per HID_ROWS rows, and each row of dz1t gets
-// HID_ROWS values), V (16 bytes of T: float4 or double2), VEC (Ts in a V) and HW (the row length
-// of hw, FusedStep's copy of W2^T and b1: C + 1 rounded up to whole Vs).
+// Defined by FusedStep: T, V (16 bytes of T: float4 or double2), VEC (Ts in a V), C (classes), HW
+// (the row length of hw, FusedStep's copy of W2^T and b1: C + 1 rounded up to whole Vs), and the
+// block shapes: OUT_WARPS and OUT_UNROLL (output_layer's warps per block of 32 samples, and the
+// rows each warp loads at once); HID_WARPS, HID_H, HID_S and HID_MIN_BLOCKS (hidden_grad's warps,
+// hidden units and samples per block, and the blocks per SM that its registers must allow).
+// z1 is kept transposed (zt: H x ld, sample r of hidden unit h at h ld + r), so the kernels that
+// pass over it read and write along samples, coalesced.
 
 __device__ inline float tf32(float x) {  // round to the nearest TF32 value (10-bit mantissa)
     unsigned int r;
@@ -103,7 +107,7 @@ __device__ inline double tf32(double x) { return x; }  // float64 is never split
 __device__ inline T sigmoid(T z) { return (T)1 / ((T)1 + exp(-z)); }  // __expf: 4% faster, less exact
 
 // Write v as TF32 parts into three places d apart (a row's d-wide thirds, or three column
-// blocks of xt or dz1t): hi, and lo in place lo_at.
+// blocks of xt or zt): hi, and lo in place lo_at.
 __device__ inline void put_split(T* row3, const int d, const int j, const T v, const int lo_at) {
     const T hi = tf32(v), lo = tf32(v - hi);
     row3[j] = lo_at == 0 ? lo : hi;
@@ -151,125 +155,161 @@ extern "C" __global__ void prepare_x(const T* __restrict__ x, const int n, const
     }
 }
 
-extern "C" __global__ void output_layer(const T* __restrict__ z1, const T* __restrict__ hw,
-                                        const T* __restrict__ b2, const long long* y, const int n, const int H,
-                                        T* e, T* ce_sum) {
-    // A block takes OUT_ROWS rows of z1 (n x H, without b1) at a time, its threads splitting the
-    // H columns: a = sigmoid(z1 + b1), z2 = a W2^T + b2 (W2: C x H; row h of hw (H x HW) holds
-    // W2[:, h] and b1[h]); writes e = softmax(z2) - onehot(y) (n x C) and adds its rows'
-    // cross-entropies to ce_sum[0] (zeroed by the caller).
-    __shared__ T part[32][OUT_ROWS][C];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-    T loss = 0;  // warp 0's
-    for (int r0 = blockIdx.x * OUT_ROWS; r0 < n; r0 += gridDim.x * OUT_ROWS) {
-        T acc[OUT_ROWS][C];
-        for (int i = 0; i < OUT_ROWS; ++i)
-            for (int c = 0; c < C; ++c) acc[i][c] = 0;
-#pragma unroll 2
-        for (int h = threadIdx.x; h < H; h += blockDim.x) {
-            V wv[HW / VEC];  // W2[:, h] and b1[h] in HW / VEC vector loads, not C + 1 scalar ones
-            for (int v = 0; v < HW / VEC; ++v) wv[v] = reinterpret_cast<const V*>(hw + (long long)h * HW)[v];
-            const T* w = reinterpret_cast<const T*>(wv);
-            T a[OUT_ROWS];
-            for (int i = 0; i < OUT_ROWS; ++i)
-                a[i] = r0 + i < n ? sigmoid(z1[(long long)(r0 + i) * H + h] + w[C]) : (T)0;
-            for (int c = 0; c < C; ++c)
-                for (int i = 0; i < OUT_ROWS; ++i) acc[i][c] += a[i] * w[c];
+extern "C" __global__ void __launch_bounds__(32 * OUT_WARPS)
+output_layer(const T* __restrict__ zt, const int ld, const T* __restrict__ hw, const T* __restrict__ b2,
+             const long long* __restrict__ y, const int n, const int H, T* __restrict__ et, const int estride,
+             T* ce_sum) {
+    // z1^T is zt's first n columns (H x n, row stride ld, without b1). Block (32 x OUT_WARPS
+    // threads): the 32 samples from s0 = 32 blockIdx.x (lane l: sample s0 + l) against every
+    // hidden unit (warp w: every OUT_WARPS-th from w, OUT_UNROLL of them loaded at once; W2[:, h]
+    // and b1[h], row h of hw, the same for the whole warp): z2 = a W2^T + b2, a = sigmoid(z1 + b1).
+    // Writes e^T = (softmax(z2) - onehot(y))^T into et (C x estride, zeros past n) and adds the
+    // rows' cross-entropies to ce_sum[0] (zeroed by the caller). The whole H in one block: the
+    // warps' sums meet in shared memory, not across blocks.
+    __shared__ T part[OUT_WARPS][C][33];  // 33: the column sums below read distinct banks
+    const int lane = threadIdx.x, warp = threadIdx.y, r = blockIdx.x * 32 + lane;
+    T acc[C];
+#pragma unroll
+    for (int c = 0; c < C; ++c) acc[c] = 0;
+    for (int h = warp; h < H; h += OUT_WARPS * OUT_UNROLL) {
+        V wv[OUT_UNROLL][HW / VEC];  // W2[:, h], b1[h]: HW / VEC vector loads, not C + 1 scalar ones
+        T z[OUT_UNROLL];
+#pragma unroll
+        for (int u = 0; u < OUT_UNROLL; ++u) {  // every load first: OUT_UNROLL rows in flight
+            const int hu = min(h + u * OUT_WARPS, H - 1);  // past H: a valid row, its a masked below
+#pragma unroll
+            for (int v = 0; v < HW / VEC; ++v) wv[u][v] = reinterpret_cast<const V*>(hw + (long long)hu * HW)[v];
+            z[u] = r < n ? zt[(long long)hu * ld + r] : (T)0;
         }
-        for (int i = 0; i < OUT_ROWS; ++i)
-            for (int c = 0; c < C; ++c) {
-                T v = acc[i][c];
-                for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffff, v, off);
-                if (lane == 0) part[warp][i][c] = v;
-            }
-        __syncthreads();
-        for (int i = 0; warp == 0 && i < OUT_ROWS && r0 + i < n; ++i) {  // lane c < C: logit c of row r0 + i
-            const int r = r0 + i, yi = (int)y[r];
-            T z = 0;
-            if (lane < C) {
-                z = b2[lane];
-                for (int w = 0; w < warps; ++w) z += part[w][i][lane];
-            }
-            T m = __shfl_sync(0xffffffff, z, 0);  // lanes >= C hold no logit: start them at logit 0
-            if (lane < C) m = z;
-            for (int off = 16; off > 0; off >>= 1) {
-                const T o = __shfl_xor_sync(0xffffffff, m, off);
-                m = o > m ? o : m;
-            }
-            T p = lane < C ? exp(z - m) : (T)0, s = p;
-            for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffff, s, off);
-            if (lane < C) e[(long long)r * C + lane] = p / s - (lane == yi ? (T)1 : (T)0);
-            if (lane == yi) loss += log(s) + m - z;  // -log softmax(z2)_y
+#pragma unroll
+        for (int u = 0; u < OUT_UNROLL; ++u) {
+            const T* w = reinterpret_cast<const T*>(wv[u]);
+            const T a = h + u * OUT_WARPS < H ? sigmoid(z[u] + w[C]) : (T)0;
+#pragma unroll
+            for (int c = 0; c < C; ++c) acc[c] += a * w[c];
         }
-        __syncthreads();  // part is refilled for the next rows
     }
-    if (warp == 0) {
-        for (int off = 16; off > 0; off >>= 1) loss += __shfl_xor_sync(0xffffffff, loss, off);
-        if (lane == 0) atomicAdd(ce_sum, loss);
+#pragma unroll
+    for (int c = 0; c < C; ++c) part[warp][c][lane] = acc[c];
+    __syncthreads();
+    if (warp < C) {  // warp c: logit c of the 32 samples
+        T z = b2[warp];
+        for (int w = 0; w < OUT_WARPS; ++w) z += part[w][warp][lane];
+        part[0][warp][lane] = z;
     }
+    __syncthreads();
+    if (warp > 0) return;
+    T z[C], m, s = 0, zy = 0;
+    const int yr = r < n ? (int)y[r] : -1;
+#pragma unroll
+    for (int c = 0; c < C; ++c) z[c] = part[0][c][lane];
+    m = z[0];
+#pragma unroll
+    for (int c = 1; c < C; ++c) m = z[c] > m ? z[c] : m;
+#pragma unroll
+    for (int c = 0; c < C; ++c) {
+        s += exp(z[c] - m);
+        zy = c == yr ? z[c] : zy;
+    }
+    T loss = r < n ? log(s) + m - zy : (T)0;  // -log softmax(z2)_y
+#pragma unroll
+    for (int c = 0; c < C; ++c)
+        et[(long long)c * estride + r] = r < n ? exp(z[c] - m) / s - (c == yr ? (T)1 : (T)0) : (T)0;
+    for (int off = 16; off > 0; off >>= 1) loss += __shfl_xor_sync(0xffffffff, loss, off);
+    if (lane == 0) atomicAdd(ce_sum, loss);
 }
 
-extern "C" __global__ void hidden_grad(T* z1, const T* __restrict__ b1, const T* __restrict__ W2,
-                                       const T* __restrict__ e, const int n, const int H, const T scale,
-                                       const int transposed, const int split, T* __restrict__ dz1t, const int ld,
-                                       const int part, T* gb1, T* gW2, T* gb2) {
-    // Thread: column h of HID_ROWS rows (rows past n count as zeros). With a = sigmoid(z1 + b1):
-    //   dz1 = scale (e W2) a (1 - a), written over z1, or if transposed into dz1t for a dW1 GEMM
-    //   from K-major operands: dz1t[h, r] = dz1[r, h] (row stride ld); if split, as TF32 parts: hi
-    //   at r, lo at part + r, hi at 2 part + r. Transposed, the block's THREADS x HID_ROWS values go
-    //   through shared memory (dynamic: THREADS x (HID_ROWS + 1) Ts), so that its warps write runs
-    //   of HID_ROWS values along dz1t's rows rather than one value per row;
-    // and the block's sums over its rows added to the gradient (zeroed by the caller):
-    //   db1 += sum dz1, dW2 += scale e^T a, db2 += scale sum e (blocks of the first column tile).
-    __shared__ T es[HID_ROWS * C];
-    extern __shared__ __align__(16) unsigned char staged[];
-    T(*tile)[HID_ROWS + 1] = reinterpret_cast<T(*)[HID_ROWS + 1]>(staged);  // +1: distinct banks below
-    const int r0 = blockIdx.y * HID_ROWS, rows = min(HID_ROWS, max(0, n - r0));
-    for (int k = threadIdx.x; k < rows * C; k += blockDim.x) es[k] = e[(long long)r0 * C + k];
-    __syncthreads();
-    if (blockIdx.x == 0 && threadIdx.x < C) {
-        T s = 0;
-        for (int r = 0; r < rows; ++r) s += es[r * C + threadIdx.x];
-        atomicAdd(gb2 + threadIdx.x, scale * s);
+extern "C" __global__ void __launch_bounds__(32 * HID_WARPS, HID_MIN_BLOCKS)
+hidden_grad(T* zt, const int ld, const T* __restrict__ hw, const T* __restrict__ et, const int estride,
+            const int n, const int H, const T scale, const int split, const int part, T* gb1, T* gW2, T* gb2) {
+    // Block (32 x HID_WARPS threads): the HID_S samples (a multiple of 32 VEC) from s0 = blockIdx.y
+    // HID_S (lane l: VEC at a time, read and written as one V) of the hidden units [h0, h0 +
+    // HID_H), h0 = blockIdx.x HID_H (warp w: every HID_WARPS-th from h0 + w). With a =
+    // sigmoid(z1 + b1) from z1^T in zt (row stride ld): dz1 = scale (e W2) a (1 - a), written
+    // over z1^T for samples r < part (zeros from n on); if split, as TF32 parts: hi in place, lo at
+    // column part + r, hi again at 2 part + r (dW1's K-major operand). Each warp adds its sums over
+    // its samples to the gradient (zeroed by the caller): db1 += sum dz1, dW2 += scale e^T a, and
+    // the blocks of the first hidden units db2 += scale sum e.
+    __shared__ __align__(16) T es[C][HID_S];  // e^T of the block's samples, zeros past n
+    const int lane = threadIdx.x, warp = threadIdx.y;
+    const int s0 = blockIdx.y * HID_S, h0 = blockIdx.x * HID_H;
+    for (int k = warp * 32 + lane; k < C * HID_S; k += 32 * HID_WARPS) {
+        const int c = k / HID_S, s = k - c * HID_S;
+        es[c][s] = s0 + s < n ? et[(long long)c * estride + s0 + s] : (T)0;
     }
-    const int h0 = blockIdx.x * THREADS, h = h0 + threadIdx.x;
-    if (h < H) {
-        T w[C], acc[C];
-        for (int c = 0; c < C; ++c) { w[c] = W2[(long long)c * H + h]; acc[c] = 0; }
-        const T bh = b1[h];
-        T db = 0;
-#pragma unroll 4
-        for (int r = 0; r < HID_ROWS; ++r) {
-            T d = 0;
-            if (r < rows) {
-                const long long k = (long long)(r0 + r) * H + h;
-                const T a = sigmoid(z1[k] + bh);
-                T da = 0;
-                for (int c = 0; c < C; ++c) {
-                    const T ec = es[r * C + c];
-                    da += ec * w[c];
-                    acc[c] += a * ec;
-                }
-                d = scale * da * a * ((T)1 - a);
-                db += d;
-                if (!transposed) z1[k] = d;
-            }
-            if (transposed) tile[threadIdx.x][r] = d;
+    __syncthreads();
+    for (int c = warp; blockIdx.x == 0 && c < C; c += HID_WARPS) {
+        T sum = 0;
+        for (int s = lane; s < HID_S; s += 32) sum += es[c][s];
+        for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffff, sum, off);
+        if (lane == 0) atomicAdd(gb2 + c, scale * sum);
+    }
+    for (int h = h0 + warp; h < min(H, h0 + HID_H); h += HID_WARPS) {
+        V wv[HW / VEC];
+#pragma unroll
+        for (int v = 0; v < HW / VEC; ++v) wv[v] = reinterpret_cast<const V*>(hw + (long long)h * HW)[v];
+        const T* w = reinterpret_cast<const T*>(wv);
+        T acc[C], db = 0;
+#pragma unroll
+        for (int c = 0; c < C; ++c) acc[c] = 0;
+        T* row = zt + (long long)h * ld + s0;
+        V zv[HID_S / (32 * VEC)];  // every load first: the row's samples of this lane in flight at once
+#pragma unroll
+        for (int k = 0; k < HID_S / (32 * VEC); ++k) {
+            const int s = VEC * (32 * k + lane);
+            zv[k] = {};
+            if (s0 + s < n) zv[k] = *reinterpret_cast<const V*>(row + s);
         }
-        atomicAdd(gb1 + h, db);
-        for (int c = 0; c < C; ++c) atomicAdd(gW2 + (long long)c * H + h, scale * acc[c]);
-    }
-    if (!transposed) return;
-    __syncthreads();
-    for (int k = threadIdx.x; k < THREADS * HID_ROWS; k += THREADS) {  // row i of the tile is dz1t's row h0 + i
-        const int i = k / HID_ROWS, r = k - i * HID_ROWS;
-        if (h0 + i >= H) break;
-        const T v = tile[i][r];
-        T* out = dz1t + (long long)(h0 + i) * ld + r0 + r;
-        if (split) {
-            put_split(out, part, 0, v, 1);  // hi, lo, hi
-        } else {
-            out[0] = v;
+#pragma unroll
+        for (int k = 0; k < HID_S / (32 * VEC); ++k) {
+            const int s = VEC * (32 * k + lane), r = s0 + s;
+            if (r >= part) break;
+            T* out = row + s;
+            V dv;
+            const T* z = reinterpret_cast<const T*>(&zv[k]);
+            T* d = reinterpret_cast<T*>(&dv);
+            T a[VEC], da[VEC];
+#pragma unroll
+            for (int i = 0; i < VEC; ++i) {
+                a[i] = r + i < n ? sigmoid(z[i] + w[C]) : (T)0;  // 0: no dz1, no dW2 term
+                da[i] = 0;
+            }
+#pragma unroll
+            for (int c = 0; c < C; ++c) {
+                const V ev = *reinterpret_cast<const V*>(&es[c][s]);  // one 16-byte load: no bank conflicts
+                const T* e = reinterpret_cast<const T*>(&ev);
+#pragma unroll
+                for (int i = 0; i < VEC; ++i) {
+                    da[i] += e[i] * w[c];
+                    acc[c] += a[i] * e[i];
+                }
+            }
+#pragma unroll
+            for (int i = 0; i < VEC; ++i) {
+                d[i] = scale * da[i] * a[i] * ((T)1 - a[i]);
+                db += d[i];
+            }
+            if (split) {
+                V hv, lv;
+                T *hi = reinterpret_cast<T*>(&hv), *lo = reinterpret_cast<T*>(&lv);
+#pragma unroll
+                for (int i = 0; i < VEC; ++i) { hi[i] = tf32(d[i]); lo[i] = tf32(d[i] - hi[i]); }
+                *reinterpret_cast<V*>(out) = hv;
+                *reinterpret_cast<V*>(out + part) = lv;
+                *reinterpret_cast<V*>(out + 2 * part) = hv;
+            } else {
+                *reinterpret_cast<V*>(out) = dv;
+            }
+        }
+        for (int off = 16; off > 0; off >>= 1) {
+            db += __shfl_xor_sync(0xffffffff, db, off);
+#pragma unroll
+            for (int c = 0; c < C; ++c) acc[c] += __shfl_xor_sync(0xffffffff, acc[c], off);
+        }
+        if (lane == 0) {
+            atomicAdd(gb1 + h, db);
+#pragma unroll
+            for (int c = 0; c < C; ++c) atomicAdd(gW2 + (long long)c * H + h, scale * acc[c]);
         }
     }
 }
@@ -319,9 +359,11 @@ class FusedStep:
 
     KERNELS = _KERNELS  # a class attribute, so benchmarks/gpu_kernels.py can time variants
     # Block shapes: the fastest measured (benchmarks/gpu_kernels.py, BENCHMARKS.md).
-    THREADS = 256
-    OUT_ROWS = 1
-    HID_ROWS = 16
+    THREADS = 256  # the one-dimensional kernels' (split_tf32, sgd_update)
+    OUT_WARPS, OUT_UNROLL = 32, 2  # output_layer: warps per block of 32 samples (float64: half, for its
+    # shared memory), rows a warp loads at once
+    HID_WARPS, HID_H, HID_ITER = 8, 32, 4  # hidden_grad: warps, hidden units, samples / (32 VEC) per block
+    HID_MIN_BLOCKS = 4  # hidden_grad's blocks per SM: registers capped at 64 (float32; float64 half)
     FIRST_PART = 0.5  # with overlap, the fraction of W1's rows summed first: the best measured
 
     def __init__(
@@ -344,17 +386,18 @@ class FusedStep:
         ctype, vtype = {np.dtype(np.float32): ("float", "float4"), np.dtype(np.float64): ("double", "double2")}[dtype]
         vec = 16 // dtype.itemsize
         hw_len = -(-(layout.C + 1) // vec) * vec
-        defines = {"C": layout.C, "THREADS": self.THREADS, "OUT_ROWS": self.OUT_ROWS, "HID_ROWS": self.HID_ROWS}
-        defines |= {"VEC": vec, "HW": hw_len}
+        self.hid_s = 32 * vec * self.HID_ITER  # samples per block of hidden_grad
+        self.out_warps = self.OUT_WARPS * 4 // dtype.itemsize
+        defines = {"VEC": vec, "C": layout.C, "HW": hw_len, "OUT_WARPS": self.out_warps, "OUT_UNROLL": self.OUT_UNROLL}
+        defines |= {"HID_WARPS": self.HID_WARPS, "HID_H": self.HID_H, "HID_S": self.hid_s}
+        defines |= {"HID_MIN_BLOCKS": self.HID_MIN_BLOCKS * 4 // dtype.itemsize}
         head = f"typedef {ctype} T;\ntypedef {vtype} V;\n" + "".join(f"#define {k} {v}\n" for k, v in defines.items())
         module = cp.RawModule(code=head + self.KERNELS)
         names = ("split_tf32", "prepare_x", "output_layer", "hidden_grad", "sgd_update")
         self._kernel = {name: module.get_function(name) for name in names}
         self.gemm = Gemm(dtype, tensor_cores=gemm in TENSOR_CORE_GEMMS)
         D, H, C = layout.D, layout.H, layout.C
-        self.z1 = cp.empty((max_rows, H), dtype=dtype)  # z1 (without b1), then dz1 in place (if not kmajor)
-        self.e = cp.empty((max_rows, C), dtype=dtype)  # softmax(z2) - onehot(y)
-        # Row h: W2[:, h], b1[h], zeros; kept by update(). output_layer reads each row in 16-byte loads.
+        # Row h: W2[:, h], b1[h], zeros; kept by update(). The kernels read each row in 16-byte loads.
         self.hw = cp.zeros((H, hw_len), dtype=dtype)
         self.hw[:, :C], self.hw[:, C] = self.p.W2.T, self.p.b1
         self.tail = gbuf[H * D :]  # db1, dW2, db2, loss: sums of atomics, zeroed each step
@@ -362,17 +405,19 @@ class FusedStep:
         self.scalar = dtype.type
         w1_end, w2_begin = H * D, H * D + H  # weights: [0, w1_end) and [w2_begin, w2_end)
         self.bounds = tuple(np.int64(v) for v in (w1_end, w2_begin, w2_begin + C * H))
-        # With tensor cores, dW1 = dz1^T X from transposed copies (K-major operands): row h of dz1t
-        # is dz1[:, h], row j of xt is X[:, j]; split, the three TF32 parts in three column blocks.
-        # A batch's samples are padded with zeros to whole tiles (``padded``): prepare_x's 32 x 32
-        # and hidden_grad's HID_ROWS. SGEMM and DGEMM read dz1 and X as they are: transposing gains
-        # their GEMM nothing and cost the overlapped step 5% (BENCHMARKS.md).
+        # z1 transposed, zt (H x ld): z1^T = W1 X^T reads both operands K-major (the summed-over
+        # index contiguous), as fast as z1 = X W1^T, and the kernels then read and write along
+        # samples. dz1^T is written over it; split, its three TF32 parts in three column blocks, each
+        # ``part`` wide. With tensor cores dW1 = dz1^T X also reads X^T (xt: D x ld, by prepare_x;
+        # split, X's parts in three blocks): from row-major X cuBLAS's TF32 GEMM is 1.6x slower, SGEMM
+        # and DGEMM read X as it is (BENCHMARKS.md). A batch's samples are padded with zeros to whole
+        # tiles of 32 (``padded``: prepare_x's tile, whole Vs in the kernels).
         self.kmajor = gemm in TENSOR_CORE_GEMMS and dtype == np.float32
-        self.blocks, self.pad_to = (3 if self.split else 1), max(32, self.HID_ROWS)
-        self.ld = self.blocks * self.padded(max_rows) if self.kmajor else 0
-        self.xt = cp.zeros((D, self.ld), dtype=dtype)
-        self.dz1t = cp.zeros((H, self.ld), dtype=dtype)
-        self.staged = self.THREADS * (self.HID_ROWS + 1) * dtype.itemsize if self.kmajor else 0  # its tile, bytes
+        self.blocks = 3 if self.split else 1
+        self.ld = self.blocks * self.padded(max_rows)
+        self.zt = cp.zeros((H, self.ld), dtype=dtype)
+        self.xt = cp.zeros((D, self.ld if self.kmajor else 1), dtype=dtype)
+        self.et = cp.empty((C, self.padded(max_rows)), dtype=dtype)  # (softmax(z2) - onehot(y))^T
         if self.split:
             # The GEMMs' operands as TF32 parts. In z1's, small products first (summed first, they lose less).
             self.xcat = cp.empty((max_rows, 3 * D), dtype=dtype)  # [X_lo | X_hi | X_hi]
@@ -384,8 +429,8 @@ class FusedStep:
         # computed: part 0 = gbuf[:cut] (dW1's first rows), part 1 = the rest (with b1, W2, b2, loss).
         self.allreduce = allreduce
         self.overlap = overlap and hasattr(allreduce, "start")  # NcclAllreduce can
-        # The cut on a multiple of 32 rows: z1's column slices then start on a 128-byte boundary
-        # (a cut at row 819 of 2048 made the step 1.24x as long as one at row 768, BENCHMARKS.md).
+        # The cut on a multiple of 32 rows (when z1 was row-major, its column slices then started on a
+        # 128-byte boundary: a cut at row 819 of 2048 made the step 1.24x as long as at row 768).
         h0 = min(H, max(32, 32 * round(self.FIRST_PART * H / 32))) if self.overlap else H
         rows = [(0, h0), (h0, H)] if self.overlap else [(0, H)]
         # dW1 per part with SGEMM (the first part's sum runs beside the second's GEMM); whole with
@@ -401,9 +446,9 @@ class FusedStep:
         # us of CPU, which a step launch-bound at small H cannot spare.
         w1 = self.w1cat if self.split else self.p.W1
         self.w1_part = [w1[lo:hi] for lo, hi in rows]
-        self.z1_part = [self.z1[:, lo:hi] for lo, hi in rows]
+        self.z1_part = [self.zt[lo:hi] for lo, hi in rows]
         self.gw1_part = [self.g.W1[lo:hi] for lo, hi in dw1_rows]
-        self.dz1_part = [(self.dz1t[lo:hi] if self.kmajor else self.z1[:, lo:hi]) for lo, hi in dw1_rows]
+        self.dz1_part = [self.zt[lo:hi] for lo, hi in dw1_rows]
         # sgd_update's launch per range of the parameters: all, or with overlap [0, cut) and the rest.
         sm = cp.cuda.Device().attributes["MultiProcessorCount"]
         ranges = [(0, self.cut), (self.cut, layout.size)] if self.overlap else [(0, layout.size)]
@@ -414,9 +459,10 @@ class FusedStep:
         blocks = min(-(-a.size // self.THREADS), 1024)
         self._kernel["split_tf32"]((blocks,), (self.THREADS,), (a, np.int32(rows), np.int32(d), np.int32(lo_at), out))
 
-    def padded(self, n: int) -> int:
-        """n samples to whole tiles: the columns of xt and dz1t that a batch of n fills."""
-        return self.pad_to * -(-n // self.pad_to)
+    @staticmethod
+    def padded(n: int) -> int:
+        """n samples to whole tiles of 32: the columns of zt (and xt) that a batch of n fills."""
+        return 32 * -(-n // 32)
 
     def prepare_x(self, x: Any) -> None:
         """X^T into xt; split, also X's TF32 parts into xcat (for z1) and xt (for dW1)."""
@@ -429,9 +475,10 @@ class FusedStep:
     def forward(self, x: Any, y: Any) -> None:
         cp = self.cp
         if self.kmajor:
-            self.prepare_x(x)
-        self.z1_gemm(x, 0)  # with overlap: W1's first rows, updated already
-        self._finish_update()  # with overlap: the rest of W1, b1, W2, b2, once their sum is in
+            self.prepare_x(x)  # with overlap: beside the sum of the last gradient's first part
+        self._finish_update(0)  # with overlap: W1's first rows, once their sum is in
+        self.z1_gemm(x, 0)
+        self._finish_update(1)  # with overlap: the rest of W1, b1, W2, b2, once their sum is in
         cp.cuda.runtime.memsetAsync(self.tail.data.ptr, 0, self.tail.nbytes, cp.cuda.get_current_stream().ptr)
         if self.overlap:
             self.z1_gemm(x, 1)
@@ -447,72 +494,76 @@ class FusedStep:
     def zero_gradient(self) -> None:
         """Instead of forward and backward when this rank has no rows of the batch; with
         overlap it still starts the same sums as the other ranks."""
-        self._finish_update()
+        self.finish()
         self.gbuf.fill(0)
         for part, done in zip(self.parts, self.summed):  # none without overlap
             self.allreduce.start(part, done)
 
     def reduce(self) -> None:
-        """Sum the gradient over the ranks; with overlap, wait (on the GPU) for the first part's sum."""
-        if self.overlap:
-            self.cp.cuda.get_current_stream().wait_event(self.summed[0])
-        elif self.allreduce is not None:
+        """Sum the gradient over the ranks. With overlap the sums are under way on NCCL's stream
+        already: the next forward (or ``finish``) waits for each part where it needs it."""
+        if self.allreduce is not None and not self.overlap:
             self.allreduce(self.gbuf)
 
     def output_layer(self, y: Any) -> None:
-        """e = softmax(z2) - onehot(y) and the summed cross-entropy (gbuf[-1]) from z1's first len(y) rows."""
+        """From z1^T (zt's first len(y) columns): e^T = (softmax(z2) - onehot(y))^T into et and the
+        summed cross-entropy into gbuf[-1]."""
         n, H = len(y), self.layout.H
         self._kernel["output_layer"](
-            (-(-n // self.OUT_ROWS),), (self.THREADS,),
-            (self.z1, self.hw, self.p.b2, y, np.int32(n), np.int32(H), self.e, self.ce_sum),
+            (-(-n // 32),), (32, self.out_warps),
+            (self.zt, np.int32(self.ld), self.hw, self.p.b2, y, np.int32(n), np.int32(H), self.et,
+             np.int32(self.et.shape[1]), self.ce_sum),
         )  # fmt: skip
 
     def hidden_gradient(self, n: int, scale: float) -> None:
-        """dz1 from z1, written over it or (kmajor) transposed into dz1t (split: as TF32 parts);
-        and dW2, db1, db2 added to the gradient."""
+        """dz1^T over z1^T in zt (split: as TF32 parts); dW2, db1 and db2 added to the gradient."""
         g, H, part = self.g, self.layout.H, self.padded(n)
         self._kernel["hidden_grad"](
-            (-(-H // self.THREADS), part // self.HID_ROWS), (self.THREADS,),
-            (self.z1, self.p.b1, self.p.W2, self.e, np.int32(n), np.int32(H), self.scalar(scale),
-             np.int32(self.kmajor), np.int32(self.split), self.dz1t, np.int32(self.ld), np.int32(part),
-             g.b1, g.W2, g.b2),
-            shared_mem=self.staged,
+            (-(-H // self.HID_H), -(-part // self.hid_s)), (32, self.HID_WARPS),
+            (self.zt, np.int32(self.ld), self.hw, self.et, np.int32(self.et.shape[1]), np.int32(n), np.int32(H),
+             self.scalar(scale), np.int32(self.split), np.int32(part), g.b1, g.W2, g.b2),
         )  # fmt: skip
 
     def z1_gemm(self, x: Any, part: int = 0) -> None:
-        """z1 = X W1^T, the columns of W1's rows in ``part`` (all of them without overlap). Split:
-        X_lo W1_hi + X_hi W1_lo + X_hi W1_hi, one GEMM with K = 3D."""
+        """z1^T = W1 X^T, the rows of W1 in ``part`` (all of them without overlap). Split:
+        W1_hi X_lo^T + W1_lo X_hi^T + W1_hi X_hi^T, one GEMM with K = 3D."""
         n = len(x)
-        self.gemm(self.xcat[:n] if self.split else x, self.w1_part[part], self.z1_part[part][:n], tb=True)
+        self.gemm(self.w1_part[part], self.xcat[:n] if self.split else x, self.z1_part[part][:, :n], tb=True)
 
     def dw1_gemm(self, x: Any, part: int = 0) -> None:
         """dW1 = dz1^T X, the rows of dW1's ``part``-th GEMM (all of them, or with overlap and
-        SGEMM W1's rows in that part). kmajor: dz1t xt^T over the padded samples (zeros past n);
+        SGEMM W1's rows in that part). kmajor: dz1^T xt^T over the padded samples (zeros past n);
         split, over three blocks of them, dz1_hi X_lo, dz1_lo X_hi and dz1_hi X_hi: the three
         products summed in one pass."""
         if not self.kmajor:
-            self.gemm(self.dz1_part[part][: len(x)], x, self.gw1_part[part], ta=True)
+            self.gemm(self.dz1_part[part][:, : len(x)], x, self.gw1_part[part])
             return
         k = self.blocks * self.padded(len(x))
         self.gemm(self.dz1_part[part][:, :k], self.xt[:, :k], self.gw1_part[part], tb=True)
 
     def update(self, lr: float, reg: float, inv_batch: float, loss_out: Any) -> None:
-        """SGD + L2 and loss_out[0] += the batch's loss. With overlap only W1's first rows are
-        updated here; the rest waits for its sum in the next forward (or ``finish``)."""
-        self._sgd_update(0, lr, reg, inv_batch, loss_out, with_ce=not self.overlap)
+        """SGD + L2 and loss_out[0] += the batch's loss. With overlap each part of the parameters
+        is updated by the next forward (or ``finish``) once its sum is in: X's preparation for the
+        next batch runs beside the first part's sum, the first part of z1 beside the second's."""
         if self.overlap:
             self.pending = (lr, reg, inv_batch, loss_out)
+        else:
+            self._sgd_update(0, lr, reg, inv_batch, loss_out, with_ce=True)
 
     def finish(self) -> None:
         """Complete what the last update left queued, before anyone reads the weights or the loss."""
-        self._finish_update()
+        self._finish_update(0)
+        self._finish_update(1)
 
-    def _finish_update(self) -> None:
+    def _finish_update(self, i: int) -> None:
+        """With overlap, the last update of the i-th part of the parameters (update_ranges), on
+        the compute stream once NCCL has summed that part; the cross-entropy goes with the last."""
         if self.pending is None:
             return
-        self.cp.cuda.get_current_stream().wait_event(self.summed[1])
-        self._sgd_update(1, *self.pending, with_ce=True)
-        self.pending = None
+        self.cp.cuda.get_current_stream().wait_event(self.summed[i])
+        self._sgd_update(i, *self.pending, with_ce=i == 1)
+        if i == 1:
+            self.pending = None
 
     def _sgd_update(self, i: int, lr: float, reg: float, inv_batch: float, loss_out: Any, with_ce: bool) -> None:
         """sgd_update over the i-th range of the parameters (update_ranges)."""
