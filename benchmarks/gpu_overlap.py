@@ -2,25 +2,29 @@
 
     python benchmarks/gpu_overlap.py        # launches mpiexec -n 4 itself, once per NCCL setting
 
-On each rank, 20 times: the dW1 GEMM of half of W1 at H=2048, B=3200 (dz1[:, :1024]^T X, the
-product the overlapped step computes while the first half's sum runs) on the compute stream,
-and the all-reduce of that half (3.2 MB, float32) on a side stream, each alone and both
+On each rank, 20 times: a GEMM of half of W1's rows at H=2048, B=3200 on the compute stream,
+and the all-reduce of half of dW1 (3.2 MB, float32) on a side stream, each alone and both
 launched together. If the two run concurrently, "both" is close to max(GEMM, all-reduce);
-serialised, it is their sum. Varied: the side stream's priority, the SMs cuBLAS may use
-(cublasSetSmCountTarget, leaving the rest to NCCL) and NCCL_MAX_CTAS (NCCL's blocks per GPU).
-With the whole step's timings (gpu_scaling.py), this chose overlap=auto and NCCL_MAX_CTAS=8.
-The GEMM reads dz1 and X row-major, as the step did then; with tensor cores the step's dW1 now
-reads K-major copies (trainer/steps.py), a GEMM about 40% shorter (benchmarks/gpu_gemm.py).
+serialised, it is their sum. The GEMMs (``--layouts``) are the two the overlapped step runs
+beside a sum, in the layout the step uses now (z1 kept transposed: "dW1 from dz1^T", the second
+half's dW1 = dz1^T[1024:] X, beside the first half's sum; "z1^T rows", the next batch's first
+half of z1^T = W1 X^T, beside the second half's sum) and in the one it used before ("dW1
+row-major", dz1[:, 1024:]^T X; "z1 columns", X W1[:1024]^T). Varied: the side stream's
+priority, the SMs cuBLAS may use (cublasSetSmCountTarget, leaving the rest to NCCL) and
+NCCL_MAX_CTAS (NCCL's blocks per GPU). With the whole step's timings (gpu_scaling.py), this
+chose overlap=auto and NCCL_MAX_CTAS=8 (BENCHMARKS.md).
 """
 
 from __future__ import annotations
 
 import argparse
 import ctypes
+import itertools
 import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -43,13 +47,25 @@ def worker(args: argparse.Namespace) -> None:
     gemm = Gemm(cp.float32, tensor_cores=args.gemm == "tf32")
     cublas = ctypes.CDLL(args.libcublas)
     sms = cp.cuda.Device().attributes["MultiProcessorCount"]
-    dz1, x = cp.random.random((ROWS, 2 * HALF), dtype=cp.float32), cp.random.random((ROWS, D), dtype=cp.float32)
+
+    def rand(*shape: int) -> Any:
+        return cp.random.random(shape, dtype=cp.float32)
+
+    x, w1, dz1, dz1t = rand(ROWS, D), rand(2 * HALF, D), rand(ROWS, 2 * HALF), rand(2 * HALF, ROWS)
+    z1, z1t = cp.empty((ROWS, 2 * HALF), dtype=cp.float32), cp.empty((2 * HALF, ROWS), dtype=cp.float32)
     out, buf = cp.empty((HALF, D), dtype=cp.float32), cp.random.random(HALF * D, dtype=cp.float32)
     done = cp.cuda.Event(disable_timing=True)
+    products = {
+        "dW1 from dz1^T": lambda: gemm(dz1t[HALF:], x, out),
+        "dW1 row-major": lambda: gemm(dz1[:, HALF:], x, out, ta=True),
+        "z1^T rows": lambda: gemm(w1[:HALF], x, z1t[:HALF], tb=True),
+        "z1 columns": lambda: gemm(x, w1[:HALF], z1[:, :HALF], tb=True),
+    }
+    product = products[args.layouts[0]]  # set per layout below
 
     def gemms() -> None:
         for _ in range(N):
-            gemm(dz1[:, :HALF], x, out, ta=True)
+            product()
 
     def sums(side: int, beside_gemms: bool = False) -> None:
         """N sums on ``side`` (and, if asked, the N GEMMs on the compute stream at the same time);
@@ -64,11 +80,12 @@ def worker(args: argparse.Namespace) -> None:
         cp.cuda.get_current_stream().wait_event(done)
 
     rows = []
-    for target in args.sm_free:
+    for layout, target in itertools.product(args.layouts, args.sm_free):
+        product = products[layout]
         cublas.cublasSetSmCountTarget(ctypes.c_void_p(gemm.handle), ctypes.c_int(sms - target if target else 0))
         for name, side in sides.items():
             world.comm.Barrier()
-            row = {"priority": name, "sm_free": target, "gemm": time_ms(gemms, steps=1) / N}
+            row = {"layout": layout, "priority": name, "sm_free": target, "gemm": time_ms(gemms, steps=1) / N}
             world.comm.Barrier()
             row["allreduce"] = time_ms(lambda s=side: sums(s), steps=1) / N
             world.comm.Barrier()
@@ -87,6 +104,7 @@ def main() -> None:
     parser.add_argument("--sm-free", type=int, nargs="+", default=[0, 16, 32], help="SMs cuBLAS leaves free")
     parser.add_argument("--max-ctas", nargs="+", default=["default", "8", "16"], help="NCCL_MAX_CTAS values")
     parser.add_argument("--libcublas", default="libcublas.so.13")
+    parser.add_argument("--layouts", nargs="+", default=["dW1 from dz1^T"], help="GEMMs: see the docstring")
     args = parser.parse_args()
     if args.worker:
         worker(args)
@@ -95,15 +113,15 @@ def main() -> None:
 
     mb = HALF * D * 4 / 1e6
     print(f"{args.nproc} ranks, GEMM {args.gemm} {HALF}x{D}x{ROWS} and all-reduce of {mb:.1f} MB, us each")
-    head = ("NCCL_MAX_CTAS", "priority", "SMs free", "GEMM", "allred", "both", "sum")
-    print(" ".join(f"{h:>13s}" if i == 0 else f"{h:>8s}" for i, h in enumerate(head)))
+    head = ("layout", "NCCL_MAX_CTAS", "priority", "SMs free", "GEMM", "allred", "both", "sum")
+    print(" ".join(f"{h:>14s}" if i < 2 else f"{h:>8s}" for i, h in enumerate(head)))
     for ctas in args.max_ctas:
         env = parallel.mpiexec_env()
         if ctas != "default":
             env["NCCL_MAX_CTAS"] = ctas
         cmd = [parallel.find_mpiexec(None), "-n", str(args.nproc), sys.executable, __file__, "--worker",
                "--nproc", str(args.nproc), "--gemm", args.gemm, "--libcublas", args.libcublas,
-               "--sm-free", *map(str, args.sm_free)]  # fmt: skip
+               "--sm-free", *map(str, args.sm_free), "--layouts", *args.layouts]  # fmt: skip
         out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
         lines = [line for line in out.stdout.splitlines() if line.startswith("JSON ")]
         if out.returncode or not lines:
@@ -112,8 +130,8 @@ def main() -> None:
         for r in json.loads(lines[0][5:]):
             us = {k: r[k] * 1e3 for k in ("gemm", "allreduce", "both")}
             print(
-                f"{ctas:>13s} {r['priority']:>8s} {r['sm_free']:8d} {us['gemm']:8.1f} {us['allreduce']:8.1f} "
-                f"{us['both']:8.1f} {us['gemm'] + us['allreduce']:8.1f}",
+                f"{r['layout']:>14s} {ctas:>14s} {r['priority']:>8s} {r['sm_free']:8d} {us['gemm']:8.1f} "
+                f"{us['allreduce']:8.1f} {us['both']:8.1f} {us['gemm'] + us['allreduce']:8.1f}",
                 flush=True,
             )
 

@@ -120,10 +120,12 @@ def breakdown(H: int, gemm: str) -> dict[str, float]:
     x, y = cp.asarray(xh), cp.asarray(yh)
     s = fused_step(H, gemm, x, y)
     loss = cp.zeros(1, dtype=cp.float32)
-    ops = {"prepare X (X^T" + ("; TF32 parts)" if s.split else ")"): lambda: s.prepare_x(x)} if s.kmajor else {}
-    ops["GEMM z1^T = W1 X^T" + (" (3 products)" if s.split else "")] = lambda: s.z1_gemm(x)
+    ops = {"prepare X (X^T" + ("; TF32 parts)" if s.split else ")"): lambda: s.prepare_x(x)} if s.transposed else {}
+    ops[("GEMM z1^T = W1 X^T" if s.transposed else "GEMM z1 = X W1^T") + (" (3 products)" if s.split else "")] = (
+        lambda: s.z1_gemm(x)
+    )
     ops["output layer (sigmoid..softmax, loss)"] = lambda: s.output_layer(y)
-    # Over z1^T in place: its values change from the second call on, its time does not.
+    # Over z1 in place: its values change from the second call on, its time does not.
     ops["hidden gradient (dz1, dW2, db1, db2)"] = lambda: s.hidden_gradient(BATCH, 1 / BATCH)
     ops["GEMM dW1 = dz1^T X" + (" (3 products)" if s.split else "")] = lambda: s.dw1_gemm(x)
     ops["SGD + L2 update (+ penalty" + (", W1 split)" if s.split else ")")] = lambda: s.update(LR, REG, 1 / BATCH, loss)

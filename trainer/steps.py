@@ -3,19 +3,20 @@ then, after the all-reduce, the update. Two implementations of the same math:
 
 - GenericStep: model.py's functions, NumPy or CuPy, one array op per kernel. The readable
   reference, and what the CPU ranks and the sequential check run.
-- FusedStep (CuPy only): the two large GEMMs (W1 X^T and dz1^T X) straight through cuBLAS
+- FusedStep (CuPy only): the two large GEMMs (z1 and dW1 = dz1^T X) straight through cuBLAS
   (trainer/gemm.py), and everything else in fused kernels that each pass over the B x H
   activations at most once: the output layer (sigmoid, the 10-wide second layer, softmax, loss),
   the hidden gradient (dz1, dW2, db1, db2) and the SGD+L2 update; with tensor cores also X's
   preparation for the GEMMs. No host synchronisation anywhere in the step.
 
-The fused step keeps z1 transposed, H x B with the batch index contiguous: z1^T = W1 X^T reads
-both operands K-major (the summed-over index contiguous in memory), the fused kernels read and
-write along samples, and the hidden gradient writes dz1^T over z1^T, which dW1 = dz1^T X reads
-K-major too. With tensor cores dW1 reads X^T as well (written by ``prepare_x``): from row-major
+With tensor cores the fused step keeps z1 transposed, H x B with the batch index contiguous:
+z1^T = W1 X^T reads both operands K-major (the summed-over index contiguous in memory), the
+fused kernels read and write along samples, and the hidden gradient writes dz1^T over z1^T;
+dW1 = dz1^T X then reads dz1^T and X^T (written by ``prepare_x``) K-major too: from row-major
 operands cuBLAS's TF32 dW1 took 69 us instead of 42 at H=2048, B=3200 (3xTF32: 190 against 96;
-H100, benchmarks/gpu_gemm.py). SGEMM and DGEMM gain nothing from it (253 against 248 us) and
-read X as it is.
+H100, benchmarks/gpu_gemm.py). SGEMM and DGEMM keep z1 row-major (B x H), dz1 written over it:
+their GEMMs gain nothing from either layout, and their overlapped step (below) was measured
+faster with it.
 
 In float32 the large GEMMs run one of three ways (``gemm``):
 - ``sgemm``: cuBLAS SGEMM on the CUDA cores (float32 products and sums);
@@ -91,11 +92,12 @@ class GenericStep:
 _KERNELS = r"""
 // Defined by FusedStep: T, V (16 bytes of T: float4 or double2), VEC (Ts in a V), C (classes), HW
 // (the row length of hw, FusedStep's copy of W2^T and b1: C + 1 rounded up to whole Vs), and the
-// block shapes: OUT_WARPS and OUT_UNROLL (output_layer's warps per block of 32 samples, and the
-// rows each warp loads at once); HID_WARPS, HID_H, HID_S and HID_MIN_BLOCKS (hidden_grad's warps,
-// hidden units and samples per block, and the blocks per SM that its registers must allow).
-// z1 is kept transposed (zt: H x ld, sample r of hidden unit h at h ld + r), so the kernels that
-// pass over it read and write along samples, coalesced.
+// block shapes. For z1 row-major (n x H; *_rows kernels): THREADS, OUT_ROWS (rows per block of
+// output_layer_rows) and HID_ROWS (rows per block of hidden_grad_rows). For z1 transposed (zt:
+// H x ld, sample r of hidden unit h at h ld + r; *_t kernels, which read and write along
+// samples): OUT_WARPS and OUT_UNROLL (output_layer_t's warps per block of 32 samples, and the
+// rows each warp loads at once); HID_WARPS, HID_H, HID_S and HID_MIN_BLOCKS (hidden_grad_t's
+// warps, hidden units and samples per block, and the blocks per SM its registers must allow).
 
 __device__ inline float tf32(float x) {  // round to the nearest TF32 value (10-bit mantissa)
     unsigned int r;
@@ -155,10 +157,109 @@ extern "C" __global__ void prepare_x(const T* __restrict__ x, const int n, const
     }
 }
 
+extern "C" __global__ void output_layer_rows(const T* __restrict__ z1, const T* __restrict__ hw,
+                                             const T* __restrict__ b2, const long long* y, const int n, const int H,
+                                             T* e, T* ce_sum) {
+    // Row-major z1 (n x H, without b1): a block takes OUT_ROWS rows at a time, its THREADS threads
+    // splitting the H columns: a = sigmoid(z1 + b1), z2 = a W2^T + b2 (row h of hw holds W2[:, h]
+    // and b1[h]); writes e = softmax(z2) - onehot(y) (n x C) and adds its rows' cross-entropies
+    // to ce_sum[0] (zeroed by the caller).
+    __shared__ T part[32][OUT_ROWS][C];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    T loss = 0;  // warp 0's
+    for (int r0 = blockIdx.x * OUT_ROWS; r0 < n; r0 += gridDim.x * OUT_ROWS) {
+        T acc[OUT_ROWS][C];
+        for (int i = 0; i < OUT_ROWS; ++i)
+            for (int c = 0; c < C; ++c) acc[i][c] = 0;
+#pragma unroll 2
+        for (int h = threadIdx.x; h < H; h += blockDim.x) {
+            V wv[HW / VEC];  // W2[:, h] and b1[h] in HW / VEC vector loads, not C + 1 scalar ones
+            for (int v = 0; v < HW / VEC; ++v) wv[v] = reinterpret_cast<const V*>(hw + (long long)h * HW)[v];
+            const T* w = reinterpret_cast<const T*>(wv);
+            T a[OUT_ROWS];
+            for (int i = 0; i < OUT_ROWS; ++i)
+                a[i] = r0 + i < n ? sigmoid(z1[(long long)(r0 + i) * H + h] + w[C]) : (T)0;
+            for (int c = 0; c < C; ++c)
+                for (int i = 0; i < OUT_ROWS; ++i) acc[i][c] += a[i] * w[c];
+        }
+        for (int i = 0; i < OUT_ROWS; ++i)
+            for (int c = 0; c < C; ++c) {
+                T v = acc[i][c];
+                for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffff, v, off);
+                if (lane == 0) part[warp][i][c] = v;
+            }
+        __syncthreads();
+        for (int i = 0; warp == 0 && i < OUT_ROWS && r0 + i < n; ++i) {  // lane c < C: logit c of row r0 + i
+            const int r = r0 + i, yi = (int)y[r];
+            T z = 0;
+            if (lane < C) {
+                z = b2[lane];
+                for (int w = 0; w < warps; ++w) z += part[w][i][lane];
+            }
+            T m = __shfl_sync(0xffffffff, z, 0);  // lanes >= C hold no logit: start them at logit 0
+            if (lane < C) m = z;
+            for (int off = 16; off > 0; off >>= 1) {
+                const T o = __shfl_xor_sync(0xffffffff, m, off);
+                m = o > m ? o : m;
+            }
+            T p = lane < C ? exp(z - m) : (T)0, s = p;
+            for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffff, s, off);
+            if (lane < C) e[(long long)r * C + lane] = p / s - (lane == yi ? (T)1 : (T)0);
+            if (lane == yi) loss += log(s) + m - z;  // -log softmax(z2)_y
+        }
+        __syncthreads();  // part is refilled for the next rows
+    }
+    if (warp == 0) {
+        for (int off = 16; off > 0; off >>= 1) loss += __shfl_xor_sync(0xffffffff, loss, off);
+        if (lane == 0) atomicAdd(ce_sum, loss);
+    }
+}
+
+extern "C" __global__ void hidden_grad_rows(T* z1, const T* __restrict__ b1, const T* __restrict__ W2,
+                                            const T* __restrict__ e, const int n, const int H, const T scale,
+                                            T* gb1, T* gW2, T* gb2) {
+    // Row-major z1 (n x H). Thread: column h of HID_ROWS rows (rows past n count as zeros). With
+    // a = sigmoid(z1 + b1): dz1 = scale (e W2) a (1 - a), written over z1; and the block's sums
+    // over its rows added to the gradient (zeroed by the caller): db1 += sum dz1, dW2 += scale
+    // e^T a, db2 += scale sum e (blocks of the first column tile).
+    __shared__ T es[HID_ROWS * C];
+    const int r0 = blockIdx.y * HID_ROWS, rows = min(HID_ROWS, max(0, n - r0));
+    for (int k = threadIdx.x; k < rows * C; k += blockDim.x) es[k] = e[(long long)r0 * C + k];
+    __syncthreads();
+    if (blockIdx.x == 0 && threadIdx.x < C) {
+        T s = 0;
+        for (int r = 0; r < rows; ++r) s += es[r * C + threadIdx.x];
+        atomicAdd(gb2 + threadIdx.x, scale * s);
+    }
+    const int h = blockIdx.x * THREADS + threadIdx.x;
+    if (h >= H) return;
+    T w[C], acc[C];
+    for (int c = 0; c < C; ++c) { w[c] = W2[(long long)c * H + h]; acc[c] = 0; }
+    const T bh = b1[h];
+    T db = 0;
+#pragma unroll 4
+    for (int r = 0; r < HID_ROWS; ++r) {
+        if (r >= rows) break;
+        const long long k = (long long)(r0 + r) * H + h;
+        const T a = sigmoid(z1[k] + bh);
+        T da = 0;
+        for (int c = 0; c < C; ++c) {
+            const T ec = es[r * C + c];
+            da += ec * w[c];
+            acc[c] += a * ec;
+        }
+        const T d = scale * da * a * ((T)1 - a);
+        db += d;
+        z1[k] = d;
+    }
+    atomicAdd(gb1 + h, db);
+    for (int c = 0; c < C; ++c) atomicAdd(gW2 + (long long)c * H + h, scale * acc[c]);
+}
+
 extern "C" __global__ void __launch_bounds__(32 * OUT_WARPS)
-output_layer(const T* __restrict__ zt, const int ld, const T* __restrict__ hw, const T* __restrict__ b2,
-             const long long* __restrict__ y, const int n, const int H, T* __restrict__ et, const int estride,
-             T* ce_sum) {
+output_layer_t(const T* __restrict__ zt, const int ld, const T* __restrict__ hw, const T* __restrict__ b2,
+               const long long* __restrict__ y, const int n, const int H, T* __restrict__ et, const int estride,
+               T* ce_sum) {
     // z1^T is zt's first n columns (H x n, row stride ld, without b1). Block (32 x OUT_WARPS
     // threads): the 32 samples from s0 = 32 blockIdx.x (lane l: sample s0 + l) against every
     // hidden unit (warp w: every OUT_WARPS-th from w, OUT_UNROLL of them loaded at once; W2[:, h]
@@ -220,8 +321,8 @@ output_layer(const T* __restrict__ zt, const int ld, const T* __restrict__ hw, c
 }
 
 extern "C" __global__ void __launch_bounds__(32 * HID_WARPS, HID_MIN_BLOCKS)
-hidden_grad(T* zt, const int ld, const T* __restrict__ hw, const T* __restrict__ et, const int estride,
-            const int n, const int H, const T scale, const int split, const int part, T* gb1, T* gW2, T* gb2) {
+hidden_grad_t(T* zt, const int ld, const T* __restrict__ hw, const T* __restrict__ et, const int estride,
+              const int n, const int H, const T scale, const int split, const int part, T* gb1, T* gW2, T* gb2) {
     // Block (32 x HID_WARPS threads): the HID_S samples (a multiple of 32 VEC) from s0 = blockIdx.y
     // HID_S (lane l: VEC at a time, read and written as one V) of the hidden units [h0, h0 +
     // HID_H), h0 = blockIdx.x HID_H (warp w: every HID_WARPS-th from h0 + w). With a =
@@ -359,7 +460,8 @@ class FusedStep:
 
     KERNELS = _KERNELS  # a class attribute, so benchmarks/gpu_kernels.py can time variants
     # Block shapes: the fastest measured (benchmarks/gpu_kernels.py, BENCHMARKS.md).
-    THREADS = 256  # the one-dimensional kernels' (split_tf32, sgd_update)
+    THREADS = 256  # the one-dimensional kernels' (split_tf32, sgd_update, the *_rows kernels)
+    OUT_ROWS, HID_ROWS = 1, 16  # z1 row-major: rows per block of output_layer_rows, hidden_grad_rows
     OUT_WARPS, OUT_UNROLL = 32, 2  # output_layer: warps per block of 32 samples (float64: half, for its
     # shared memory), rows a warp loads at once
     HID_WARPS, HID_H, HID_ITER = 8, 32, 4  # hidden_grad: warps, hidden units, samples / (32 VEC) per block
@@ -388,12 +490,14 @@ class FusedStep:
         hw_len = -(-(layout.C + 1) // vec) * vec
         self.hid_s = 32 * vec * self.HID_ITER  # samples per block of hidden_grad
         self.out_warps = self.OUT_WARPS * 4 // dtype.itemsize
-        defines = {"VEC": vec, "C": layout.C, "HW": hw_len, "OUT_WARPS": self.out_warps, "OUT_UNROLL": self.OUT_UNROLL}
+        defines = {"VEC": vec, "C": layout.C, "HW": hw_len, "THREADS": self.THREADS, "OUT_ROWS": self.OUT_ROWS}
+        defines |= {"HID_ROWS": self.HID_ROWS, "OUT_WARPS": self.out_warps, "OUT_UNROLL": self.OUT_UNROLL}
         defines |= {"HID_WARPS": self.HID_WARPS, "HID_H": self.HID_H, "HID_S": self.hid_s}
         defines |= {"HID_MIN_BLOCKS": self.HID_MIN_BLOCKS * 4 // dtype.itemsize}
         head = f"typedef {ctype} T;\ntypedef {vtype} V;\n" + "".join(f"#define {k} {v}\n" for k, v in defines.items())
         module = cp.RawModule(code=head + self.KERNELS)
-        names = ("split_tf32", "prepare_x", "output_layer", "hidden_grad", "sgd_update")
+        names = ("split_tf32", "prepare_x", "output_layer_rows", "hidden_grad_rows", "output_layer_t", "hidden_grad_t")
+        names += ("sgd_update",)
         self._kernel = {name: module.get_function(name) for name in names}
         self.gemm = Gemm(dtype, tensor_cores=gemm in TENSOR_CORE_GEMMS)
         D, H, C = layout.D, layout.H, layout.C
@@ -405,19 +509,26 @@ class FusedStep:
         self.scalar = dtype.type
         w1_end, w2_begin = H * D, H * D + H  # weights: [0, w1_end) and [w2_begin, w2_end)
         self.bounds = tuple(np.int64(v) for v in (w1_end, w2_begin, w2_begin + C * H))
-        # z1 transposed, zt (H x ld): z1^T = W1 X^T reads both operands K-major (the summed-over
-        # index contiguous), as fast as z1 = X W1^T, and the kernels then read and write along
-        # samples. dz1^T is written over it; split, its three TF32 parts in three column blocks, each
-        # ``part`` wide. With tensor cores dW1 = dz1^T X also reads X^T (xt: D x ld, by prepare_x;
-        # split, X's parts in three blocks): from row-major X cuBLAS's TF32 GEMM is 1.6x slower, SGEMM
-        # and DGEMM read X as it is (BENCHMARKS.md). A batch's samples are padded with zeros to whole
-        # tiles of 32 (``padded``: prepare_x's tile, whole Vs in the kernels).
-        self.kmajor = gemm in TENSOR_CORE_GEMMS and dtype == np.float32
+        # With tensor cores z1 is kept transposed, zt (H x ld): z1^T = W1 X^T reads both operands
+        # K-major (the summed-over index contiguous), as fast as z1 = X W1^T, and the *_t kernels read
+        # and write along samples. dz1^T is written over it (split, its three TF32 parts in three
+        # column blocks, each ``part`` wide) and dW1 = dz1^T X reads it and X^T (xt: D x ld, by
+        # prepare_x; split, X's parts in three blocks) K-major: from row-major dz1 and X cuBLAS's TF32
+        # GEMM is 1.6x slower. A batch's samples are padded with zeros to whole tiles of 32
+        # (``padded``: prepare_x's tile, whole Vs in the kernels). SGEMM and DGEMM keep z1 row-major
+        # (z1: max_rows x H, dz1 over it): their GEMMs gain nothing from the layouts, and with z1^T the
+        # overlapped SGEMM step at 4 GPUs took 0.675 ms instead of 0.619 (0.616 at best, tuned;
+        # BENCHMARKS.md).
+        self.transposed = gemm in TENSOR_CORE_GEMMS and dtype == np.float32
         self.blocks = 3 if self.split else 1
-        self.ld = self.blocks * self.padded(max_rows)
-        self.zt = cp.zeros((H, self.ld), dtype=dtype)
-        self.xt = cp.zeros((D, self.ld if self.kmajor else 1), dtype=dtype)
-        self.et = cp.empty((C, self.padded(max_rows)), dtype=dtype)  # (softmax(z2) - onehot(y))^T
+        if self.transposed:
+            self.ld = self.blocks * self.padded(max_rows)
+            self.z = cp.zeros((H, self.ld), dtype=dtype)  # z1^T, then dz1^T
+            self.xt = cp.zeros((D, self.ld), dtype=dtype)
+            self.e = cp.empty((C, self.padded(max_rows)), dtype=dtype)  # (softmax(z2) - onehot(y))^T
+        else:
+            self.z = cp.empty((max_rows, H), dtype=dtype)  # z1, then dz1
+            self.e = cp.empty((max_rows, C), dtype=dtype)  # softmax(z2) - onehot(y)
         if self.split:
             # The GEMMs' operands as TF32 parts. In z1's, small products first (summed first, they lose less).
             self.xcat = cp.empty((max_rows, 3 * D), dtype=dtype)  # [X_lo | X_hi | X_hi]
@@ -446,9 +557,13 @@ class FusedStep:
         # us of CPU, which a step launch-bound at small H cannot spare.
         w1 = self.w1cat if self.split else self.p.W1
         self.w1_part = [w1[lo:hi] for lo, hi in rows]
-        self.z1_part = [self.zt[lo:hi] for lo, hi in rows]
+
+        def of_rows(lo: int, hi: int) -> Any:  # z1 (or dz1) of W1's rows [lo, hi)
+            return self.z[lo:hi] if self.transposed else self.z[:, lo:hi]
+
+        self.z1_part = [of_rows(lo, hi) for lo, hi in rows]
         self.gw1_part = [self.g.W1[lo:hi] for lo, hi in dw1_rows]
-        self.dz1_part = [self.zt[lo:hi] for lo, hi in dw1_rows]
+        self.dz1_part = [of_rows(lo, hi) for lo, hi in dw1_rows]
         # sgd_update's launch per range of the parameters: all, or with overlap [0, cut) and the rest.
         sm = cp.cuda.Device().attributes["MultiProcessorCount"]
         ranges = [(0, self.cut), (self.cut, layout.size)] if self.overlap else [(0, layout.size)]
@@ -461,7 +576,7 @@ class FusedStep:
 
     @staticmethod
     def padded(n: int) -> int:
-        """n samples to whole tiles of 32: the columns of zt (and xt) that a batch of n fills."""
+        """n samples to whole tiles of 32: the columns of z1^T (and xt) that a batch of n fills."""
         return 32 * -(-n // 32)
 
     def prepare_x(self, x: Any) -> None:
@@ -474,7 +589,7 @@ class FusedStep:
 
     def forward(self, x: Any, y: Any) -> None:
         cp = self.cp
-        if self.kmajor:
+        if self.transposed:
             self.prepare_x(x)  # with overlap: beside the sum of the last gradient's first part
         self._finish_update(0)  # with overlap: W1's first rows, once their sum is in
         self.z1_gemm(x, 0)
@@ -506,37 +621,55 @@ class FusedStep:
             self.allreduce(self.gbuf)
 
     def output_layer(self, y: Any) -> None:
-        """From z1^T (zt's first len(y) columns): e^T = (softmax(z2) - onehot(y))^T into et and the
+        """From z1's first len(y) samples: e = softmax(z2) - onehot(y) (transposed with z1) and the
         summed cross-entropy into gbuf[-1]."""
         n, H = len(y), self.layout.H
-        self._kernel["output_layer"](
-            (-(-n // 32),), (32, self.out_warps),
-            (self.zt, np.int32(self.ld), self.hw, self.p.b2, y, np.int32(n), np.int32(H), self.et,
-             np.int32(self.et.shape[1]), self.ce_sum),
-        )  # fmt: skip
+        if self.transposed:
+            self._kernel["output_layer_t"](
+                (-(-n // 32),), (32, self.out_warps),
+                (self.z, np.int32(self.ld), self.hw, self.p.b2, y, np.int32(n), np.int32(H), self.e,
+                 np.int32(self.e.shape[1]), self.ce_sum),
+            )  # fmt: skip
+        else:
+            self._kernel["output_layer_rows"](
+                (-(-n // self.OUT_ROWS),), (self.THREADS,),
+                (self.z, self.hw, self.p.b2, y, np.int32(n), np.int32(H), self.e, self.ce_sum),
+            )  # fmt: skip
 
     def hidden_gradient(self, n: int, scale: float) -> None:
-        """dz1^T over z1^T in zt (split: as TF32 parts); dW2, db1 and db2 added to the gradient."""
-        g, H, part = self.g, self.layout.H, self.padded(n)
-        self._kernel["hidden_grad"](
-            (-(-H // self.HID_H), -(-part // self.hid_s)), (32, self.HID_WARPS),
-            (self.zt, np.int32(self.ld), self.hw, self.et, np.int32(self.et.shape[1]), np.int32(n), np.int32(H),
-             self.scalar(scale), np.int32(self.split), np.int32(part), g.b1, g.W2, g.b2),
-        )  # fmt: skip
+        """dz1 over z1 (transposed: dz1^T, split as TF32 parts); dW2, db1 and db2 added to the gradient."""
+        g, H = self.g, self.layout.H
+        if self.transposed:
+            part = self.padded(n)
+            self._kernel["hidden_grad_t"](
+                (-(-H // self.HID_H), -(-part // self.hid_s)), (32, self.HID_WARPS),
+                (self.z, np.int32(self.ld), self.hw, self.e, np.int32(self.e.shape[1]), np.int32(n), np.int32(H),
+                 self.scalar(scale), np.int32(self.split), np.int32(part), g.b1, g.W2, g.b2),
+            )  # fmt: skip
+        else:
+            self._kernel["hidden_grad_rows"](
+                (-(-H // self.THREADS), -(-n // self.HID_ROWS)), (self.THREADS,),
+                (self.z, self.p.b1, self.p.W2, self.e, np.int32(n), np.int32(H), self.scalar(scale), g.b1, g.W2,
+                 g.b2),
+            )  # fmt: skip
 
     def z1_gemm(self, x: Any, part: int = 0) -> None:
-        """z1^T = W1 X^T, the rows of W1 in ``part`` (all of them without overlap). Split:
-        W1_hi X_lo^T + W1_lo X_hi^T + W1_hi X_hi^T, one GEMM with K = 3D."""
+        """z1 for the rows of W1 in ``part`` (all of them without overlap): z1^T = W1 X^T
+        (transposed; split: W1_hi X_lo^T + W1_lo X_hi^T + W1_hi X_hi^T, one GEMM with K = 3D) or
+        z1 = X W1^T."""
         n = len(x)
-        self.gemm(self.w1_part[part], self.xcat[:n] if self.split else x, self.z1_part[part][:, :n], tb=True)
+        if self.transposed:
+            self.gemm(self.w1_part[part], self.xcat[:n] if self.split else x, self.z1_part[part][:, :n], tb=True)
+        else:
+            self.gemm(x, self.w1_part[part], self.z1_part[part][:n], tb=True)
 
     def dw1_gemm(self, x: Any, part: int = 0) -> None:
         """dW1 = dz1^T X, the rows of dW1's ``part``-th GEMM (all of them, or with overlap and
-        SGEMM W1's rows in that part). kmajor: dz1^T xt^T over the padded samples (zeros past n);
-        split, over three blocks of them, dz1_hi X_lo, dz1_lo X_hi and dz1_hi X_hi: the three
+        SGEMM W1's rows in that part). Transposed: dz1^T xt^T over the padded samples (zeros past
+        n); split, over three blocks of them, dz1_hi X_lo, dz1_lo X_hi and dz1_hi X_hi: the three
         products summed in one pass."""
-        if not self.kmajor:
-            self.gemm(self.dz1_part[part][:, : len(x)], x, self.gw1_part[part])
+        if not self.transposed:
+            self.gemm(self.dz1_part[part][: len(x)], x, self.gw1_part[part], ta=True)
             return
         k = self.blocks * self.padded(len(x))
         self.gemm(self.dz1_part[part][:, :k], self.xt[:, :k], self.gw1_part[part], tb=True)
