@@ -57,9 +57,10 @@ def test_overlap_true_is_rejected_with_the_choices():
 @pytest.mark.parametrize(
     ("overrides", "step", "wanted"),
     [
-        (["nproc=2"], "fused", False),  # auto with the default tf32x3 GEMMs: off
-        (["nproc=2", "tf32=true"], "fused", False),
+        (["nproc=2"], "fused", True),  # auto with the default tf32x3 GEMMs: on
+        (["nproc=2", "tf32=true"], "fused", False),  # auto with TF32: off (slower)
         (["nproc=2", "fp32_gemm=sgemm"], "fused", True),  # auto with SGEMM: on
+        (["nproc=2", "dtype=float64"], "fused", False),  # DGEMM: not measured, off
         (["nproc=2", "overlap=always"], "fused", True),
         (["nproc=2", "fp32_gemm=sgemm", "overlap=never"], "fused", False),
         (["nproc=1", "overlap=always"], "fused", False),  # nothing to sum

@@ -224,13 +224,19 @@ def gemm_mode(cfg: DictConfig) -> str:
     return "tf32" if cfg.tf32 else cfg.fp32_gemm.value
 
 
+# The GEMM modes whose overlapped step was measured faster than summing after the backward pass
+# (4 H200s, BENCHMARKS.md): SGEMM (0.615 against 0.637 ms at 4 GPUs) and 3xTF32 (0.349 against
+# 0.358, since the next batch's X preparation runs beside the first sum); TF32 was slower (0.228
+# against 0.212).
+OVERLAP_PAYS = ("sgemm", "tf32x3")
+
+
 def overlap_wanted(cfg: DictConfig, step: str) -> bool:
-    """Whether the fused step should sum W1's gradient in halves behind its compute (with NCCL).
-    overlap=auto: with SGEMM only, where it was measured to pay; with tensor cores (tf32, tf32x3)
-    it was 0 to 2.5% slower than summing after the backward pass (BENCHMARKS.md)."""
+    """Whether the fused step should sum W1's gradient in halves behind its compute (with NCCL):
+    overlap=auto does where it was measured to pay (OVERLAP_PAYS)."""
     if step != "fused" or cfg.nproc == 1 or cfg.overlap == Overlap.never:
         return False
-    return cfg.overlap == Overlap.always or gemm_mode(cfg) == "sgemm"
+    return cfg.overlap == Overlap.always or gemm_mode(cfg) in OVERLAP_PAYS
 
 
 def _pinned(a: np.ndarray) -> Any:
