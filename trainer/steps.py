@@ -462,10 +462,12 @@ class FusedStep:
     # Block shapes: the fastest measured (benchmarks/gpu_kernels.py, BENCHMARKS.md).
     THREADS = 256  # the one-dimensional kernels' (split_tf32, sgd_update, the *_rows kernels)
     OUT_ROWS, HID_ROWS = 1, 16  # z1 row-major: rows per block of output_layer_rows, hidden_grad_rows
-    OUT_WARPS, OUT_UNROLL = 32, 2  # output_layer: warps per block of 32 samples (float64: half, for its
-    # shared memory), rows a warp loads at once
-    HID_WARPS, HID_H, HID_ITER = 8, 32, 4  # hidden_grad: warps, hidden units, samples / (32 VEC) per block
-    HID_MIN_BLOCKS = 4  # hidden_grad's blocks per SM: registers capped at 64 (float32; float64 half)
+    # z1 transposed (tensor cores): output_layer_t's warps per block of 32 samples (float64: half, for
+    # its shared memory) and rows a warp loads at once; hidden_grad_t's warps, hidden units and
+    # samples / (32 VEC) per block, and its blocks per SM (registers capped at 64; float64: half).
+    OUT_WARPS, OUT_UNROLL = 32, 2
+    HID_WARPS, HID_H, HID_ITER = 8, 32, 4
+    HID_MIN_BLOCKS = 4
     FIRST_PART = 0.5  # with overlap, the fraction of W1's rows summed first: the best measured
 
     def __init__(
@@ -509,7 +511,7 @@ class FusedStep:
         self.scalar = dtype.type
         w1_end, w2_begin = H * D, H * D + H  # weights: [0, w1_end) and [w2_begin, w2_end)
         self.bounds = tuple(np.int64(v) for v in (w1_end, w2_begin, w2_begin + C * H))
-        # With tensor cores z1 is kept transposed, zt (H x ld): z1^T = W1 X^T reads both operands
+        # With tensor cores z1 is kept transposed, z (H x ld): z1^T = W1 X^T reads both operands
         # K-major (the summed-over index contiguous), as fast as z1 = X W1^T, and the *_t kernels read
         # and write along samples. dz1^T is written over it (split, its three TF32 parts in three
         # column blocks, each ``part`` wide) and dW1 = dz1^T X reads it and X^T (xt: D x ld, by
@@ -540,8 +542,8 @@ class FusedStep:
         # computed: part 0 = gbuf[:cut] (dW1's first rows), part 1 = the rest (with b1, W2, b2, loss).
         self.allreduce = allreduce
         self.overlap = overlap and hasattr(allreduce, "start")  # NcclAllreduce can
-        # The cut on a multiple of 32 rows (when z1 was row-major, its column slices then started on a
-        # 128-byte boundary: a cut at row 819 of 2048 made the step 1.24x as long as at row 768).
+        # The cut on a multiple of 32 rows: row-major z1's column slices then start on a 128-byte
+        # boundary (a cut at row 819 of 2048 made the step 1.24x as long as one at row 768, BENCHMARKS.md).
         h0 = min(H, max(32, 32 * round(self.FIRST_PART * H / 32))) if self.overlap else H
         rows = [(0, h0), (h0, H)] if self.overlap else [(0, H)]
         # dW1 per part with SGEMM (the first part's sum runs beside the second's GEMM); whole with
@@ -552,7 +554,7 @@ class FusedStep:
         self.cut = h0 * D
         self.parts = (gbuf[: self.cut], gbuf[self.cut :]) if self.overlap else ()
         self.summed = [cp.cuda.Event(disable_timing=True) for _ in self.parts]  # recorded by NCCL's stream
-        self.pending: tuple[Any, ...] | None = None  # the rest of the last update (overlap)
+        self.pending: tuple[Any, ...] | None = None  # the last update, left to the next forward (overlap)
         # The GEMMs' operands per part of W1's rows, as views made once: a CuPy view costs a few
         # us of CPU, which a step launch-bound at small H cannot spare.
         w1 = self.w1cat if self.split else self.p.W1
