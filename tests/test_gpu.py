@@ -154,6 +154,7 @@ def test_tf32_run_stays_close_to_float32(idx_dir, mlflow_uri, tmp_path):
         ("always", ["hidden=1"], 1e-12),  # W1's second half has no rows: only b1, W2, b2, loss
         ("always", ["dtype=float32", "fp32_gemm=tf32x3", "hidden=300"], 1e-5),
         ("auto", ["dtype=float32", "fp32_gemm=sgemm", "hidden=300"], 1e-5),  # auto: on with SGEMM
+        ("auto", ["dtype=float32", "hidden=300"], 1e-5),  # and with the default tf32x3
     ],
 )
 def test_nccl_allreduce_matches_reference(overlap, extra, tol, idx_dir, mlflow_uri, tmp_path):
