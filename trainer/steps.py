@@ -109,7 +109,7 @@ __device__ inline double tf32(double x) { return x; }  // float64 is never split
 __device__ inline T sigmoid(T z) { return (T)1 / ((T)1 + exp(-z)); }  // __expf: 4% faster, less exact
 
 // Write v as TF32 parts into three places d apart (a row's d-wide thirds, or three column
-// blocks of xt or zt): hi, and lo in place lo_at.
+// blocks of xt): hi, and lo in place lo_at.
 __device__ inline void put_split(T* row3, const int d, const int j, const T v, const int lo_at) {
     const T hi = tf32(v), lo = tf32(v - hi);
     row3[j] = lo_at == 0 ? lo : hi;
@@ -267,7 +267,7 @@ output_layer_t(const T* __restrict__ zt, const int ld, const T* __restrict__ hw,
     // Writes e^T = (softmax(z2) - onehot(y))^T into et (C x estride, zeros past n) and adds the
     // rows' cross-entropies to ce_sum[0] (zeroed by the caller). The whole H in one block: the
     // warps' sums meet in shared memory, not across blocks.
-    __shared__ T part[OUT_WARPS][C][33];  // 33: the column sums below read distinct banks
+    __shared__ T part[OUT_WARPS][C][32];  // the warps' logits of the block's 32 samples
     const int lane = threadIdx.x, warp = threadIdx.y, r = blockIdx.x * 32 + lane;
     T acc[C];
 #pragma unroll
