@@ -1,0 +1,156 @@
+"""The gradient's all-reduce two ways, alone and beside a GEMM: NCCL's kernels against the copy
+engines (benchmarks/peer_allreduce.py, an experiment). The question: does an all-reduce that takes no SMs hide
+behind the step's GEMMs where NCCL's could not (BENCHMARKS.md, "Hiding the all-reduce")?
+
+    python benchmarks/gpu_allreduce.py          # launches mpiexec -n 4 itself (--nproc)
+
+On each rank, 20 times: the sum of the whole gradient at H=2048 (6.5 MB, float32) or of the first
+half of W1's rows (3.2 MB) on a high-priority side stream, alone; the GEMM alone (the tensor
+cores' dW1 = dz1^T X of the whole of W1, or SGEMM's of half of it, as the overlapped step runs
+them); both launched together. Also the CPU time of queueing one sum, and a check that both
+give exactly the sum (integer-valued floats) over 10 calls, whole and in halves.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+H, D, ROWS, N = 2048, 784, 3200, 20
+COMMS = ("nccl", "peer", "peer-graph")  # peer: PeerAllreduce queued call by call; peer-graph: as CUDA graphs
+
+
+def worker(args: argparse.Namespace) -> None:
+    import cupy as cp
+    from gpu_common import time_ms
+    from peer_allreduce import PeerAllreduce
+
+    from trainer import model, parallel
+    from trainer.gemm import Gemm
+
+    (comm,), (kind,) = args.comm, args.gemm  # one of each per worker
+    world = parallel.join_world(args.nproc)
+    cp.cuda.Device(world.local_rank % cp.cuda.runtime.getDeviceCount()).use()
+    n, cut = model.Layout(D=D, H=H).size + 1, H // 2 * D
+    if comm == "nccl":
+        ar = parallel.NcclAllreduce(world, cp.float32)
+        whole = cp.random.random(n, dtype=cp.float32)
+    else:
+        ar = PeerAllreduce(world, n, cp.float32, graphs=comm == "peer-graph")
+        whole = ar.buffer
+
+    # Exact sums: integers below 2^24 add exactly in float32, in any order.
+    values = cp.arange(n, dtype=cp.float32) % 1024
+    expect = values * (world.size * (world.size + 1) // 2)
+    ok = True
+    events = [cp.cuda.Event(disable_timing=True) for _ in range(2)]
+    for i in range(10):
+        whole[:] = values * (world.rank + 1)
+        if i % 2:
+            ar(whole)
+        else:
+            ar.start(whole[:cut], events[0])
+            ar.start(whole[cut:], events[1])
+            for e in events:
+                cp.cuda.get_current_stream().wait_event(e)
+        ok = ok and bool(cp.array_equal(whole, expect))
+    exact = all(world.comm.allgather(ok))
+
+    gemm = Gemm(cp.float32, tensor_cores=kind == "tf32")
+    x = cp.random.random((ROWS, D), dtype=cp.float32)
+    if kind == "tf32":  # dW1 from dz1^T and X^T, both K-major (the fused step's layout)
+        dz1t, xt = cp.random.random((H, ROWS), dtype=cp.float32), cp.ascontiguousarray(x.T)
+        out = cp.empty((H, D), cp.float32)
+
+        def product() -> None:
+            gemm(dz1t, xt, out, tb=True)
+    else:  # SGEMM's second half of dW1 from row-major dz1
+        dz1, out = cp.random.random((ROWS, H), dtype=cp.float32), cp.empty((H // 2, D), cp.float32)
+
+        def product() -> None:
+            gemm(dz1[:, H // 2 :], x, out, ta=True)
+
+    done = cp.cuda.Event(disable_timing=True)
+
+    def gemms() -> None:
+        for _ in range(N):
+            product()
+
+    def run(ar: Any, buf: Any, beside_gemms: bool = False) -> None:
+        ar.ready.record()
+        cp.cuda.runtime.streamWaitEvent(ar.side, ar.ready.ptr)
+        for _ in range(N):
+            ar.sum_on(buf, ar.side)
+        if beside_gemms:
+            gemms()
+        cp.cuda.runtime.eventRecord(done.ptr, ar.side)
+        cp.cuda.get_current_stream().wait_event(done)
+
+    rows = []
+    for size in ("whole", "half"):
+        buf = whole if size == "whole" else whole[:cut]
+        world.comm.Barrier()
+        row = {"comm": comm, "size": size, "exact": exact, "gemm": time_ms(gemms, steps=1) / N}
+        world.comm.Barrier()
+        row["allreduce"] = time_ms(lambda b=buf: run(ar, b), steps=1) / N
+        world.comm.Barrier()
+        row["both"] = time_ms(lambda b=buf: run(ar, b, beside_gemms=True), steps=1) / N
+        world.comm.Barrier()
+        cp.cuda.Device().synchronize()
+        t0 = time.perf_counter()
+        for _ in range(N):
+            ar.sum_on(buf, ar.side)
+        row["cpu"] = (time.perf_counter() - t0) / N * 1e6
+        cp.cuda.Device().synchronize()
+        rows.append(row)
+    if world.rank == 0:
+        print("JSON " + json.dumps(rows), flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--worker", action="store_true")
+    parser.add_argument("--nproc", type=int, default=4)
+    parser.add_argument("--gemm", choices=["tf32", "sgemm"], nargs="+", default=["tf32", "sgemm"])
+    parser.add_argument("--comm", choices=COMMS, nargs="+", default=list(COMMS))
+    args = parser.parse_args()
+    if args.worker:
+        worker(args)
+        return
+    from trainer import parallel
+
+    print(f"{args.nproc} ranks; us per sum, per GEMM, per pair launched together; CPU us to queue one sum")
+    head = ("GEMM", "comm", "sum of", "exact", "GEMM", "sum", "both", "GEMM+sum", "CPU")
+    print(" ".join(f"{h:>8s}" for h in head))
+    for gemm, comm in itertools.product(args.gemm, args.comm):
+        cmd = [parallel.find_mpiexec(None), "-n", str(args.nproc), sys.executable, __file__, "--worker",
+               "--nproc", str(args.nproc), "--gemm", gemm, "--comm", comm]  # fmt: skip
+        try:
+            out = subprocess.run(cmd, env=parallel.mpiexec_env(), capture_output=True, text=True, timeout=90)
+        except subprocess.TimeoutExpired as e:  # a sum that never completes: say which
+            print(f"{gemm:>8s} {comm:>8s} timed out after {e.timeout} s", flush=True)
+            continue
+        lines = [line for line in out.stdout.splitlines() if line.startswith("JSON ")]
+        if out.returncode or not lines:
+            sys.stderr.write(out.stdout[-3000:] + out.stderr[-3000:])
+            continue
+        for r in json.loads(lines[0][5:]):
+            us = {k: r[k] * 1e3 for k in ("gemm", "allreduce", "both")}
+            print(
+                f"{gemm:>8s} {r['comm']:>8s} {r['size']:>8s} {r['exact']!s:>8s} {us['gemm']:8.1f} "
+                f"{us['allreduce']:8.1f} {us['both']:8.1f} {us['gemm'] + us['allreduce']:8.1f} {r['cpu']:8.1f}",
+                flush=True,
+            )
+
+
+if __name__ == "__main__":
+    main()
