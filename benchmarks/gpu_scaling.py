@@ -1,6 +1,6 @@
 """Data-parallel scaling of our fused step over 1, 2 and 4 GPUs of one host: NCCL overlapped
 with the step's compute (nccl-overlap: overlap=always, as the trainer sets NCCL up for it), NCCL
-after the backward pass (nccl), and the seeds' host-staged MPI all-reduce (mpi). H=2048.
+after the backward pass (nccl), and the seeds' host-staged MPI all-reduce (mpi). H=2048 (--hidden).
 
     python benchmarks/gpu_scaling.py              # launches mpiexec -n 1, 2, 4 itself
 
@@ -19,7 +19,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-H = 2048
 # (kind, label, batch, how the fused step's GEMMs run: trainer/steps.py)
 CASES = [
     ("weak", "FP32", 3200, "sgemm"),
@@ -46,27 +45,30 @@ def worker(args: argparse.Namespace) -> None:
     global_batch = args.batch * args.nproc if args.kind == "weak" else args.batch
     lo, hi = local_rows(global_batch, world.size, world.rank)
     xh, yh = inputs(hi - lo, seed=world.rank)
-    n = model.Layout(D=784, H=H).size + 1
+    n = model.Layout(D=784, H=args.hidden).size + 1
     gpus = cp.cuda.runtime.getDeviceCount()
     beside_gemm = args.overlap and sums_beside_gemm(args.gemm)  # as trainer/run.py sets NCCL up
     allreduce = parallel.make_allreduce(args.comm, world, True, gpus, cp, n, cp.float32, beside_gemm)
     if args.first_part:
         FusedStep.FIRST_PART = args.first_part
     step = our_step(
-        "fused", H, cp.asarray(xh), cp.asarray(yh), allreduce if world.size > 1 else None, global_batch, args.gemm,
-        args.overlap,
+        "fused", args.hidden, cp.asarray(xh), cp.asarray(yh), allreduce if world.size > 1 else None, global_batch,
+        args.gemm, args.overlap,
     )  # fmt: skip
     ms = time_ms(step)
     if world.rank == 0:
         print("JSON " + json.dumps({"ms": ms, "comm": type(allreduce).__name__}), flush=True)
 
 
-def run(nproc: int, kind: str, gemm: str, batch: int, comm: str, first_part: float | None = None) -> float:
+def run(
+    nproc: int, kind: str, gemm: str, batch: int, comm: str, first_part: float | None = None, hidden: int = 2048
+) -> float:
     from trainer import parallel
 
     comm, overlap = COMMS[comm]
     cmd = [parallel.find_mpiexec(None), "-n", str(nproc), sys.executable, __file__, "--worker", "--nproc",
-           str(nproc), "--kind", kind, "--batch", str(batch), "--comm", comm, "--gemm", gemm]  # fmt: skip
+           str(nproc), "--kind", kind, "--batch", str(batch), "--comm", comm, "--gemm", gemm,
+           "--hidden", str(hidden)]  # fmt: skip
     cmd += ["--overlap"] if overlap else []
     cmd += ["--first-part", str(first_part)] if first_part else []
     env = parallel.mpiexec_env()
@@ -83,11 +85,12 @@ def main() -> None:
     parser.add_argument("--worker", action="store_true")
     parser.add_argument("--nproc", type=int, default=1)
     parser.add_argument("--kind", default="weak")
-    parser.add_argument("--batch", type=int, default=3200)
+    parser.add_argument("--batch", type=int, help="the cases' batch (weak: per GPU; strong: global) instead of theirs")
     parser.add_argument("--comm", default="nccl")
     parser.add_argument("--overlap", action="store_true")
     parser.add_argument("--gemm", default="sgemm")
     parser.add_argument("--first-part", type=float, help="overlap: the fraction of W1's rows summed first")
+    parser.add_argument("--hidden", type=int, default=2048, help="H, the hidden layer's width")
     parser.add_argument("--gpus", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--comms", nargs="+", default=list(COMMS), choices=list(COMMS), help="all-reduces to compare")
     parser.add_argument("--cases", nargs="+", help='only these, e.g. "weak TF32" (default: all)')
@@ -95,13 +98,15 @@ def main() -> None:
     if args.worker:
         worker(args)
         return
+    print(f"H={args.hidden}")
     print(f"{'case':22s} {'comm':12s} " + " ".join(f"{f'{p} GPU ms':>10s}" for p in args.gpus) + "   ratio t1/tP")
     for kind, label, batch, gemm in CASES:
         if args.cases and f"{kind} {label}" not in args.cases:
             continue
-        base = run(1, kind, gemm, batch, "mpi")
+        batch = args.batch or batch
+        base = run(1, kind, gemm, batch, "mpi", hidden=args.hidden)
         for comm in args.comms:
-            times = [base] + [run(p, kind, gemm, batch, comm, args.first_part) for p in args.gpus[1:]]
+            times = [base] + [run(p, kind, gemm, batch, comm, args.first_part, args.hidden) for p in args.gpus[1:]]
             ratios = " ".join(f"{base / t:6.2f}" for t in times[1:])
             print(f"{kind + ' ' + label:22s} {comm:12s} " + " ".join(f"{t:10.3f}" for t in times) + f"   {ratios}")
             sys.stdout.flush()

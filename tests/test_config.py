@@ -57,10 +57,12 @@ def test_overlap_true_is_rejected_with_the_choices():
 @pytest.mark.parametrize(
     ("overrides", "step", "wanted"),
     [
-        (["nproc=2"], "fused", True),  # auto with the default tf32x3 GEMMs: on
-        (["nproc=2", "tf32=true"], "fused", False),  # auto with TF32: off (slower)
-        (["nproc=2", "fp32_gemm=sgemm"], "fused", True),  # auto with SGEMM: on
-        (["nproc=2", "dtype=float64"], "fused", False),  # DGEMM: not measured, off
+        (["nproc=2", "fp32_gemm=sgemm", "hidden=2048"], "fused", True),  # auto: on where it paid
+        (["nproc=2", "fp32_gemm=sgemm"], "fused", False),  # SGEMM at H=512: it lost
+        (["nproc=2", "fp32_gemm=sgemm", "hidden=4096"], "fused", False),  # and at 4096
+        (["nproc=2", "hidden=2048"], "fused", False),  # the default tf32x3: it lost at 1600 rows per GPU
+        (["nproc=2", "tf32=true", "hidden=2048"], "fused", False),  # TF32: it lost
+        (["nproc=2", "dtype=float64", "hidden=2048"], "fused", False),  # DGEMM: not measured, off
         (["nproc=2", "overlap=always"], "fused", True),
         (["nproc=2", "fp32_gemm=sgemm", "overlap=never"], "fused", False),
         (["nproc=1", "overlap=always"], "fused", False),  # nothing to sum

@@ -43,7 +43,7 @@ class Fp32Gemm(str, Enum):
 
 
 class Overlap(str, Enum):
-    auto = "auto"  # where it was measured to pay: SGEMM and 3xTF32 (trainer/run.py OVERLAP_PAYS)
+    auto = "auto"  # where it was measured to pay: SGEMM at H=2048 (trainer/run.py OVERLAP_PAYS)
     always = "always"  # whenever the fused step sums with NCCL (nproc > 1): W1's gradient in halves
     never = "never"  # all-reduce after the backward pass
 

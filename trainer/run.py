@@ -224,11 +224,13 @@ def gemm_mode(cfg: DictConfig) -> str:
     return "tf32" if cfg.tf32 else cfg.fp32_gemm.value
 
 
-# The GEMM modes whose overlapped step was measured faster than summing after the backward pass
-# (4 H200s, BENCHMARKS.md): SGEMM (0.615 against 0.637 ms at 4 GPUs) and 3xTF32 (0.349 against
-# 0.358, since the next batch's X preparation runs beside the first sum); TF32 was slower (0.228
-# against 0.212).
-OVERLAP_PAYS = ("sgemm", "tf32x3")
+# Where the overlapped step was measured faster than summing after the backward pass (4 H200s,
+# weak scaling, 4 GPUs, BENCHMARKS.md "Which sizes the overlap pays at"): SGEMM at H=2048 (0.615
+# against 0.637 ms with 3200 rows per GPU, 0.361 against 0.375 with 1600). It lost everywhere
+# else measured, by 4 to 24%: SGEMM at H=512, 1024 and 4096; 3xTF32 at H=512, 1024 and 4096 and
+# at H=2048 with 1600 rows per GPU (with 3200 it gained 3%); TF32 at H=2048. Unmeasured widths
+# are not overlapped.
+OVERLAP_PAYS = frozenset({("sgemm", 2048)})  # (GEMM mode, hidden)
 
 
 def overlap_wanted(cfg: DictConfig, step: str) -> bool:
@@ -236,7 +238,7 @@ def overlap_wanted(cfg: DictConfig, step: str) -> bool:
     overlap=auto does where it was measured to pay (OVERLAP_PAYS)."""
     if step != "fused" or cfg.nproc == 1 or cfg.overlap == Overlap.never:
         return False
-    return cfg.overlap == Overlap.always or gemm_mode(cfg) in OVERLAP_PAYS
+    return cfg.overlap == Overlap.always or (gemm_mode(cfg), cfg.hidden) in OVERLAP_PAYS
 
 
 def _pinned(a: np.ndarray) -> Any:
