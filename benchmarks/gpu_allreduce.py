@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -31,7 +29,7 @@ COMMS = ("nccl", "peer", "peer-graph")  # peer: PeerAllreduce queued call by cal
 
 def worker(args: argparse.Namespace) -> None:
     import cupy as cp
-    from gpu_common import time_ms
+    from gpu_common import report, time_ms
     from peer_allreduce import PeerAllreduce
 
     from trainer import model, parallel
@@ -113,7 +111,7 @@ def worker(args: argparse.Namespace) -> None:
         cp.cuda.Device().synchronize()
         rows.append(row)
     if world.rank == 0:
-        print("JSON " + json.dumps(rows), flush=True)
+        report(rows)
 
 
 def main() -> None:
@@ -126,24 +124,13 @@ def main() -> None:
     if args.worker:
         worker(args)
         return
-    from trainer import parallel
+    from gpu_common import launch_workers
 
     print(f"{args.nproc} ranks; us per sum, per GEMM, per pair launched together; CPU us to queue one sum")
     head = ("GEMM", "comm", "sum of", "exact", "GEMM", "sum", "both", "GEMM+sum", "CPU")
     print(" ".join(f"{h:>8s}" for h in head))
     for gemm, comm in itertools.product(args.gemm, args.comm):
-        cmd = [parallel.find_mpiexec(None), "-n", str(args.nproc), sys.executable, __file__, "--worker",
-               "--nproc", str(args.nproc), "--gemm", gemm, "--comm", comm]  # fmt: skip
-        try:
-            out = subprocess.run(cmd, env=parallel.mpiexec_env(), capture_output=True, text=True, timeout=90)
-        except subprocess.TimeoutExpired as e:  # a sum that never completes: say which
-            print(f"{gemm:>8s} {comm:>8s} timed out after {e.timeout} s", flush=True)
-            continue
-        lines = [line for line in out.stdout.splitlines() if line.startswith("JSON ")]
-        if out.returncode or not lines:
-            sys.stderr.write(out.stdout[-3000:] + out.stderr[-3000:])
-            continue
-        for r in json.loads(lines[0][5:]):
+        for r in launch_workers(__file__, args.nproc, ["--gemm", gemm, "--comm", comm], timeout=90) or []:
             us = {k: r[k] * 1e3 for k in ("gemm", "allreduce", "both")}
             print(
                 f"{gemm:>8s} {r['comm']:>8s} {r['size']:>8s} {r['exact']!s:>8s} {us['gemm']:8.1f} "

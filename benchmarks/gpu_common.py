@@ -1,9 +1,14 @@
-"""Shared by the GPU benchmarks: timing with CUDA events, inputs, and our step on resident data."""
+"""Shared by the GPU benchmarks: timing with CUDA events, inputs, our step on resident data, and
+the ranks of a multi-GPU benchmark started under mpiexec."""
 
 from __future__ import annotations
 
+import json
 import statistics
+import subprocess
+import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -106,3 +111,30 @@ def fused_step(H: int, gemm: str, x: Any, y: Any, cls: Any = None) -> Any:
     s.forward(x, y)
     s.backward(x, y, 1 / len(x))
     return s
+
+
+def report(result: Any) -> None:
+    """A worker's result, printed by rank 0 for ``launch_workers``."""
+    print("JSON " + json.dumps(result), flush=True)
+
+
+def launch_workers(
+    script: str, nproc: int, args: list[str], env: dict[str, str] | None = None, timeout: float = 300
+) -> Any:
+    """Run ``script --worker --nproc N args`` on N ranks under mpiexec; return what rank 0
+    reported, or None after printing the ranks' output (a failure, or no end within ``timeout``)."""
+    from trainer import parallel
+
+    cmd = [parallel.find_mpiexec(None), "-n", str(nproc), sys.executable, script, "--worker", "--nproc", str(nproc)]
+    try:
+        out = subprocess.run(
+            cmd + args, env=env or parallel.mpiexec_env(), capture_output=True, text=True, timeout=timeout
+        )
+    except subprocess.TimeoutExpired:
+        sys.stderr.write(f"{Path(script).name} {' '.join(args)}: no end after {timeout} s\n")
+        return None
+    lines = [line for line in out.stdout.splitlines() if line.startswith("JSON ")]
+    if out.returncode or not lines:
+        sys.stderr.write(out.stdout[-3000:] + out.stderr[-3000:])
+        return None
+    return json.loads(lines[0][5:])

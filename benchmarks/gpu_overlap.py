@@ -20,8 +20,6 @@ from __future__ import annotations
 import argparse
 import ctypes
 import itertools
-import json
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -34,7 +32,7 @@ ROWS, HALF, D, N = 3200, 1024, 784, 20
 
 def worker(args: argparse.Namespace) -> None:
     import cupy as cp
-    from gpu_common import time_ms
+    from gpu_common import report, time_ms
 
     from trainer import parallel
     from trainer.gemm import Gemm
@@ -93,7 +91,7 @@ def worker(args: argparse.Namespace) -> None:
             rows.append(row)
     cublas.cublasSetSmCountTarget(ctypes.c_void_p(gemm.handle), ctypes.c_int(0))
     if world.rank == 0:
-        print("JSON " + json.dumps(rows), flush=True)
+        report(rows)
 
 
 def main() -> None:
@@ -109,6 +107,8 @@ def main() -> None:
     if args.worker:
         worker(args)
         return
+    from gpu_common import launch_workers
+
     from trainer import parallel
 
     mb = HALF * D * 4 / 1e6
@@ -119,15 +119,9 @@ def main() -> None:
         env = parallel.mpiexec_env()
         if ctas != "default":
             env["NCCL_MAX_CTAS"] = ctas
-        cmd = [parallel.find_mpiexec(None), "-n", str(args.nproc), sys.executable, __file__, "--worker",
-               "--nproc", str(args.nproc), "--gemm", args.gemm, "--libcublas", args.libcublas,
-               "--sm-free", *map(str, args.sm_free), "--layouts", *args.layouts]  # fmt: skip
-        out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-        lines = [line for line in out.stdout.splitlines() if line.startswith("JSON ")]
-        if out.returncode or not lines:
-            sys.stderr.write(out.stdout[-3000:] + out.stderr[-3000:])
-            continue
-        for r in json.loads(lines[0][5:]):
+        worker_args = ["--gemm", args.gemm, "--libcublas", args.libcublas, "--sm-free", *map(str, args.sm_free),
+                       "--layouts", *args.layouts]  # fmt: skip
+        for r in launch_workers(__file__, args.nproc, worker_args, env) or []:
             us = {k: r[k] * 1e3 for k in ("gemm", "allreduce", "both")}
             print(
                 f"{r['layout']:>14s} {ctas:>14s} {r['priority']:>8s} {r['sm_free']:8d} {us['gemm']:8.1f} "

@@ -11,8 +11,6 @@ strong: global batch 12800 split over the GPUs;     speedup    = t(1) / t(P)
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -34,7 +32,7 @@ COMMS = {"nccl-overlap": ("nccl", True), "nccl": ("nccl", False), "mpi": ("mpi",
 
 def worker(args: argparse.Namespace) -> None:
     import cupy as cp
-    from gpu_common import inputs, our_step, time_ms
+    from gpu_common import inputs, our_step, report, time_ms
 
     from trainer import model, parallel
     from trainer.loop import local_rows
@@ -57,27 +55,20 @@ def worker(args: argparse.Namespace) -> None:
     )  # fmt: skip
     ms = time_ms(step)
     if world.rank == 0:
-        print("JSON " + json.dumps({"ms": ms, "comm": type(allreduce).__name__}), flush=True)
+        report({"ms": ms, "comm": type(allreduce).__name__})
 
 
 def run(
     nproc: int, kind: str, gemm: str, batch: int, comm: str, first_part: float | None = None, hidden: int = 2048
 ) -> float:
-    from trainer import parallel
+    from gpu_common import launch_workers
 
     comm, overlap = COMMS[comm]
-    cmd = [parallel.find_mpiexec(None), "-n", str(nproc), sys.executable, __file__, "--worker", "--nproc",
-           str(nproc), "--kind", kind, "--batch", str(batch), "--comm", comm, "--gemm", gemm,
-           "--hidden", str(hidden)]  # fmt: skip
-    cmd += ["--overlap"] if overlap else []
-    cmd += ["--first-part", str(first_part)] if first_part else []
-    env = parallel.mpiexec_env()
-    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-    lines = [line for line in out.stdout.splitlines() if line.startswith("JSON ")]
-    if out.returncode or not lines:
-        sys.stderr.write(out.stdout[-2000:] + out.stderr[-2000:])
-        return float("nan")
-    return json.loads(lines[0][5:])["ms"]
+    args = ["--kind", kind, "--batch", str(batch), "--comm", comm, "--gemm", gemm, "--hidden", str(hidden)]
+    args += ["--overlap"] if overlap else []
+    args += ["--first-part", str(first_part)] if first_part else []
+    result = launch_workers(__file__, nproc, args)
+    return float("nan") if result is None else result["ms"]
 
 
 def main() -> None:
