@@ -18,7 +18,6 @@ import itertools
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -29,7 +28,7 @@ COMMS = ("nccl", "peer", "peer-graph")  # peer: PeerAllreduce queued call by cal
 
 def worker(args: argparse.Namespace) -> None:
     import cupy as cp
-    from gpu_common import report, time_ms
+    from gpu_common import beside, report
     from peer_allreduce import PeerAllreduce
 
     from trainer import model, parallel
@@ -77,31 +76,10 @@ def worker(args: argparse.Namespace) -> None:
         def product() -> None:
             gemm(dz1[:, H // 2 :], x, out, ta=True)
 
-    done = cp.cuda.Event(disable_timing=True)
-
-    def gemms() -> None:
-        for _ in range(N):
-            product()
-
-    def run(ar: Any, buf: Any, beside_gemms: bool = False) -> None:
-        ar.ready.record()
-        cp.cuda.runtime.streamWaitEvent(ar.side, ar.ready.ptr)
-        for _ in range(N):
-            ar.sum_on(buf, ar.side)
-        if beside_gemms:
-            gemms()
-        cp.cuda.runtime.eventRecord(done.ptr, ar.side)
-        cp.cuda.get_current_stream().wait_event(done)
-
     rows = []
     for size in ("whole", "half"):
         buf = whole if size == "whole" else whole[:cut]
-        world.comm.Barrier()
-        row = {"comm": comm, "size": size, "exact": exact, "gemm": time_ms(gemms, steps=1) / N}
-        world.comm.Barrier()
-        row["allreduce"] = time_ms(lambda b=buf: run(ar, b), steps=1) / N
-        world.comm.Barrier()
-        row["both"] = time_ms(lambda b=buf: run(ar, b, beside_gemms=True), steps=1) / N
+        row = {"comm": comm, "size": size, "exact": exact} | beside(world.comm, product, ar, buf, ar.side, N)
         world.comm.Barrier()
         cp.cuda.Device().synchronize()
         t0 = time.perf_counter()
@@ -124,19 +102,15 @@ def main() -> None:
     if args.worker:
         worker(args)
         return
-    from gpu_common import launch_workers
+    from gpu_common import launch_workers, pair_columns
 
     print(f"{args.nproc} ranks; us per sum, per GEMM, per pair launched together; CPU us to queue one sum")
     head = ("GEMM", "comm", "sum of", "exact", "GEMM", "sum", "both", "GEMM+sum", "CPU")
     print(" ".join(f"{h:>8s}" for h in head))
     for gemm, comm in itertools.product(args.gemm, args.comm):
         for r in launch_workers(__file__, args.nproc, ["--gemm", gemm, "--comm", comm], timeout=90) or []:
-            us = {k: r[k] * 1e3 for k in ("gemm", "allreduce", "both")}
-            print(
-                f"{gemm:>8s} {r['comm']:>8s} {r['size']:>8s} {r['exact']!s:>8s} {us['gemm']:8.1f} "
-                f"{us['allreduce']:8.1f} {us['both']:8.1f} {us['gemm'] + us['allreduce']:8.1f} {r['cpu']:8.1f}",
-                flush=True,
-            )
+            row = f"{gemm:>8s} {r['comm']:>8s} {r['size']:>8s} {r['exact']!s:>8s} {pair_columns(r)} {r['cpu']:8.1f}"
+            print(row, flush=True)
 
 
 if __name__ == "__main__":

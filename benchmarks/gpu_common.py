@@ -113,6 +113,41 @@ def fused_step(H: int, gemm: str, x: Any, y: Any, cls: Any = None) -> Any:
     return s
 
 
+def beside(comm: Any, product: Callable[[], None], allreduce: Any, buf: Any, side: int, n: int = 20) -> dict:
+    """ms per call of ``product`` (a GEMM) alone, of the sum of ``buf`` alone on the stream
+    ``side``, and of both launched together, n of each: if the two run concurrently, "both" is
+    close to the longer one; serialised, to their sum. ``comm`` (MPI) lines the ranks up."""
+    import cupy as cp
+
+    done = cp.cuda.Event(disable_timing=True)
+
+    def products() -> None:
+        for _ in range(n):
+            product()
+
+    def sums(with_products: bool = False) -> None:
+        allreduce.ready.record()  # the side stream starts after the work queued so far
+        cp.cuda.runtime.streamWaitEvent(side, allreduce.ready.ptr)
+        for _ in range(n):
+            allreduce.sum_on(buf, side)
+        if with_products:
+            products()
+        cp.cuda.runtime.eventRecord(done.ptr, side)
+        cp.cuda.get_current_stream().wait_event(done)  # so the timing covers both
+
+    times = {}
+    for key, fn in (("gemm", products), ("allreduce", sums), ("both", lambda: sums(with_products=True))):
+        comm.Barrier()
+        times[key] = time_ms(fn, steps=1) / n
+    return times
+
+
+def pair_columns(row: dict) -> str:
+    """``beside``'s times as columns, us: GEMM, sum, both, GEMM + sum."""
+    us = [row[k] * 1e3 for k in ("gemm", "allreduce", "both")]
+    return " ".join(f"{v:8.1f}" for v in (*us, us[0] + us[1]))
+
+
 def report(result: Any) -> None:
     """A worker's result, printed by rank 0 for ``launch_workers``."""
     print("JSON " + json.dumps(result), flush=True)

@@ -32,7 +32,7 @@ ROWS, HALF, D, N = 3200, 1024, 784, 20
 
 def worker(args: argparse.Namespace) -> None:
     import cupy as cp
-    from gpu_common import report, time_ms
+    from gpu_common import beside, report
 
     from trainer import parallel
     from trainer.gemm import Gemm
@@ -52,43 +52,18 @@ def worker(args: argparse.Namespace) -> None:
     x, w1, dz1, dz1t = rand(ROWS, D), rand(2 * HALF, D), rand(ROWS, 2 * HALF), rand(2 * HALF, ROWS)
     z1, z1t = cp.empty((ROWS, 2 * HALF), dtype=cp.float32), cp.empty((2 * HALF, ROWS), dtype=cp.float32)
     out, buf = cp.empty((HALF, D), dtype=cp.float32), cp.random.random(HALF * D, dtype=cp.float32)
-    done = cp.cuda.Event(disable_timing=True)
     products = {
         "dW1 from dz1^T": lambda: gemm(dz1t[HALF:], x, out),
         "dW1 row-major": lambda: gemm(dz1[:, HALF:], x, out, ta=True),
         "z1^T rows": lambda: gemm(w1[:HALF], x, z1t[:HALF], tb=True),
         "z1 columns": lambda: gemm(x, w1[:HALF], z1[:, :HALF], tb=True),
     }
-    product = products[args.layouts[0]]  # set per layout below
-
-    def gemms() -> None:
-        for _ in range(N):
-            product()
-
-    def sums(side: int, beside_gemms: bool = False) -> None:
-        """N sums on ``side`` (and, if asked, the N GEMMs on the compute stream at the same time);
-        the compute stream waits for the sums at the end, so the timing covers both."""
-        ar.ready.record()
-        rt.streamWaitEvent(side, ar.ready.ptr)
-        for _ in range(N):
-            ar.sum_on(buf, side)
-        if beside_gemms:
-            gemms()
-        rt.eventRecord(done.ptr, side)
-        cp.cuda.get_current_stream().wait_event(done)
-
     rows = []
     for layout, target in itertools.product(args.layouts, args.sm_free):
-        product = products[layout]
         cublas.cublasSetSmCountTarget(ctypes.c_void_p(gemm.handle), ctypes.c_int(sms - target if target else 0))
         for name, side in sides.items():
-            world.comm.Barrier()
-            row = {"layout": layout, "priority": name, "sm_free": target, "gemm": time_ms(gemms, steps=1) / N}
-            world.comm.Barrier()
-            row["allreduce"] = time_ms(lambda s=side: sums(s), steps=1) / N
-            world.comm.Barrier()
-            row["both"] = time_ms(lambda s=side: sums(s, beside_gemms=True), steps=1) / N
-            rows.append(row)
+            row = {"layout": layout, "priority": name, "sm_free": target}
+            rows.append(row | beside(world.comm, products[layout], ar, buf, side, N))
     cublas.cublasSetSmCountTarget(ctypes.c_void_p(gemm.handle), ctypes.c_int(0))
     if world.rank == 0:
         report(rows)
@@ -107,7 +82,7 @@ def main() -> None:
     if args.worker:
         worker(args)
         return
-    from gpu_common import launch_workers
+    from gpu_common import launch_workers, pair_columns
 
     from trainer import parallel
 
@@ -122,12 +97,7 @@ def main() -> None:
         worker_args = ["--gemm", args.gemm, "--libcublas", args.libcublas, "--sm-free", *map(str, args.sm_free),
                        "--layouts", *args.layouts]  # fmt: skip
         for r in launch_workers(__file__, args.nproc, worker_args, env) or []:
-            us = {k: r[k] * 1e3 for k in ("gemm", "allreduce", "both")}
-            print(
-                f"{r['layout']:>14s} {ctas:>14s} {r['priority']:>8s} {r['sm_free']:8d} {us['gemm']:8.1f} "
-                f"{us['allreduce']:8.1f} {us['both']:8.1f} {us['gemm'] + us['allreduce']:8.1f}",
-                flush=True,
-            )
+            print(f"{r['layout']:>14s} {ctas:>14s} {r['priority']:>8s} {r['sm_free']:8d} {pair_columns(r)}", flush=True)
 
 
 if __name__ == "__main__":
