@@ -227,7 +227,7 @@ def gemm_mode(cfg: DictConfig) -> str:
 # Where the overlapped step was measured faster than summing after the backward pass (4 H200s,
 # weak scaling, 4 GPUs, BENCHMARKS.md "Which sizes the overlap pays at"): SGEMM at H=2048 (0.615
 # against 0.637 ms with 3200 rows per GPU, 0.361 against 0.375 with 1600). It lost everywhere
-# else measured, by 4 to 24%: SGEMM at H=512, 1024 and 4096; 3xTF32 at H=512, 1024 and 4096 and
+# else measured, by 2 to 24%: SGEMM at H=512, 1024 and 4096; 3xTF32 at H=512, 1024 and 4096 and
 # at H=2048 with 1600 rows per GPU (with 3200 it gained 3%); TF32 at H=2048. Unmeasured widths
 # are not overlapped.
 OVERLAP_PAYS = frozenset({("sgemm", 2048)})  # (GEMM mode, hidden)
