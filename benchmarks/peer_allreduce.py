@@ -78,7 +78,7 @@ class PeerAllreduce:
     The buffer is this object's (``buffer``, n elements): CUDA IPC maps whole allocations, so it
     has one of its own, with the flags after it. ``__call__``/``start``/``sum_on`` as
     NcclAllreduce's, on any contiguous view of ``buffer``. ``graphs``: each call replays a CUDA
-    graph captured at the first call with that view and stream (one launch instead of some forty
+    graph captured at the first call on that view (one launch instead of some forty
     API calls, and the graph's branches start without the CPU in between)."""
 
     def __init__(self, world: Any, n: int, dtype: Any, graphs: bool = True) -> None:
@@ -110,8 +110,8 @@ class PeerAllreduce:
         # Compiled and loaded now, not while a graph is being captured: an empty launch.
         self._add((1,), (32,), (np.uint64(self.base), self.staging, np.int64(0), np.int64(0), np.int32(0)))
         self.blocks = 2 * cp.cuda.Device().attributes["MultiProcessorCount"]
-        # One stream per peer, so that the copies to and from different peers run at once (one
-        # copy engine was expected to move a fraction of NVLink's bandwidth); events fork and join them.
+        # One stream per peer, so that the copies to and from different peers can run at once
+        # (measured no faster than one stream, BENCHMARKS.md); events fork and join them.
         high = -100  # clamped to the highest priority, as NcclAllreduce's side stream
         self.branch = [rt.streamCreateWithPriority(rt.streamNonBlocking, high) for _ in self.peers]
         self.fork = cp.cuda.Event(disable_timing=True)
