@@ -149,8 +149,14 @@ def pair_columns(row: dict) -> str:
 
 
 def report(result: Any) -> None:
-    """A worker's result, printed by rank 0 for ``launch_workers``."""
+    """A worker process's result, printed for its launcher (``reported``; by rank 0 under mpiexec)."""
     print("JSON " + json.dumps(result), flush=True)
+
+
+def reported(stdout: str) -> Any:
+    """What a worker printed with ``report``, or None if it printed nothing so."""
+    lines = [line for line in stdout.splitlines() if line.startswith("JSON ")]
+    return json.loads(lines[0][5:]) if lines else None
 
 
 def launch_workers(
@@ -168,8 +174,8 @@ def launch_workers(
     except subprocess.TimeoutExpired:
         sys.stderr.write(f"{Path(script).name} {' '.join(args)}: no end after {timeout} s\n")
         return None
-    lines = [line for line in out.stdout.splitlines() if line.startswith("JSON ")]
-    if out.returncode or not lines:
+    result = reported(out.stdout)
+    if out.returncode or result is None:
         sys.stderr.write(out.stdout[-3000:] + out.stderr[-3000:])
         return None
-    return json.loads(lines[0][5:])
+    return result

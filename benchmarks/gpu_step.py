@@ -11,7 +11,6 @@ fused step makes, timed alone; "model GEMMs" the model's five products by cupy.m
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -20,7 +19,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the project, when run from a checkout
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gpu_common import LR, REG, C, D, fused_step, inputs, model_gemms, our_step, time_ms
+from gpu_common import LR, REG, C, D, fused_step, inputs, model_gemms, our_step, report, reported, time_ms
 
 HIDDEN = (512, 1024, 2048, 4096)
 BATCH = 3200
@@ -150,7 +149,7 @@ def main() -> None:
     parser.add_argument("--no-compile", action="store_true")
     args = parser.parse_args()
     if args.mode:
-        print("JSON " + json.dumps(measure(args.mode, not args.no_compile)))
+        report(measure(args.mode, not args.no_compile))
         return
     rows = []
     for mode in ("fp32", "tf32"):  # CuPy reads CUPY_TF32 once: a fresh process per mode
@@ -158,7 +157,10 @@ def main() -> None:
         cmd = [sys.executable, __file__, "--mode", mode] + (["--no-compile"] if args.no_compile else [])
         out = subprocess.run(cmd, env=env, capture_output=True, text=True)
         sys.stderr.write(out.stderr[-6000:])
-        rows += json.loads(next(line[5:] for line in out.stdout.splitlines() if line.startswith("JSON ")))
+        result = reported(out.stdout)
+        if result is None:
+            sys.exit(f"gpu_step.py --mode {mode} reported nothing (its output is above)")
+        rows += result
     print_table(rows)
 
 
