@@ -23,7 +23,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 H, D, ROWS, N = 2048, 784, 3200, 20
-COMMS = ("nccl", "peer", "peer-graph")  # peer: PeerAllreduce queued call by call; peer-graph: as CUDA graphs
+# nccl-window: NCCL on a buffer of its symmetric window (the trainer's default); peer: PeerAllreduce
+# queued call by call; peer-graph: as CUDA graphs
+COMMS = ("nccl", "nccl-window", "peer", "peer-graph")
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -38,9 +40,9 @@ def worker(args: argparse.Namespace) -> None:
     world = parallel.join_world(args.nproc)
     cp.cuda.Device(world.local_rank % cp.cuda.runtime.getDeviceCount()).use()
     n, cut = model.Layout(D=D, H=H).size + 1, H // 2 * D
-    if comm == "nccl":
-        ar = parallel.NcclAllreduce(world, cp.float32)
-        whole = cp.random.random(n, dtype=cp.float32)
+    if comm.startswith("nccl"):
+        ar = parallel.NcclAllreduce(world, cp.float32, window=comm == "nccl-window")
+        whole = ar.empty(n)
     else:
         ar = PeerAllreduce(world, n, cp.float32, graphs=comm == "peer-graph")
         whole = ar.buffer

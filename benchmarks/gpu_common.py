@@ -60,11 +60,12 @@ def our_step(
 
     from trainer import model
     from trainer.loop import Schedule, sgd_step
+    from trainer.parallel import gradient_buffer
     from trainer.steps import make_step
 
     layout = model.Layout(D=D, H=H, C=C)
     params = cp.asarray(model.init_params(layout, 0, "float32"))
-    gbuf = cp.empty(layout.size + 1, dtype=cp.float32)
+    gbuf = gradient_buffer(allreduce, cp, layout.size + 1, cp.float32)  # NCCL's window, if it has one
     step = make_step(kind, cp, layout, params, gbuf, len(y), gemm, allreduce, overlap)
     loss = cp.zeros(1, dtype=cp.float32)
     schedule = Schedule(batch_size=global_batch or len(y), lr=LR, reg=REG, epochs=1)

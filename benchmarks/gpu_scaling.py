@@ -1,6 +1,8 @@
 """Data-parallel scaling of our fused step over 1, 2 and 4 GPUs of one host: NCCL overlapped
 with the step's compute (nccl-overlap: overlap=always, as the trainer sets NCCL up for it), NCCL
-after the backward pass (nccl), and the seeds' host-staged MPI all-reduce (mpi). H=2048 (--hidden).
+after the backward pass (nccl), both with NCCL's symmetric window where the trainer takes it
+(nccl_window=auto) and never (-nowin), and the seeds' host-staged MPI all-reduce (mpi). H=2048
+(--hidden).
 
     python benchmarks/gpu_scaling.py              # launches mpiexec -n 1, 2, 4 itself
 
@@ -26,8 +28,14 @@ CASES = [
     ("strong", "FP32 3xTF32", 12800, "tf32x3"),
     ("strong", "TF32", 12800, "tf32"),
 ]
-# label: (comm, overlap)
-COMMS = {"nccl-overlap": ("nccl", True), "nccl": ("nccl", False), "mpi": ("mpi", False)}
+# label: (comm, overlap, nccl_window)
+COMMS = {
+    "nccl-overlap": ("nccl", True, "auto"),
+    "nccl": ("nccl", False, "auto"),
+    "nccl-nowin-overlap": ("nccl", True, "never"),
+    "nccl-nowin": ("nccl", False, "never"),
+    "mpi": ("mpi", False, "never"),
+}
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -36,6 +44,7 @@ def worker(args: argparse.Namespace) -> None:
 
     from trainer import model, parallel
     from trainer.loop import local_rows
+    from trainer.run import window_wanted
     from trainer.steps import FusedStep, sums_beside_gemm
 
     world = parallel.join_world(args.nproc)
@@ -46,7 +55,8 @@ def worker(args: argparse.Namespace) -> None:
     n = model.Layout(D=784, H=args.hidden).size + 1
     gpus = cp.cuda.runtime.getDeviceCount()
     beside_gemm = args.overlap and sums_beside_gemm(args.gemm)  # as trainer/run.py sets NCCL up
-    allreduce = parallel.make_allreduce(args.comm, world, True, gpus, cp, n, cp.float32, beside_gemm)
+    window = window_wanted(args.window, beside_gemm)
+    allreduce = parallel.make_allreduce(args.comm, world, True, gpus, cp, n, cp.float32, beside_gemm, window)
     if args.first_part:
         FusedStep.FIRST_PART = args.first_part
     step = our_step(
@@ -55,7 +65,7 @@ def worker(args: argparse.Namespace) -> None:
     )  # fmt: skip
     ms = time_ms(step)
     if world.rank == 0:
-        report({"ms": ms, "comm": type(allreduce).__name__})
+        report({"ms": ms, "comm": type(allreduce).__name__, "window": getattr(allreduce, "window_state", "-")})
 
 
 def run(
@@ -63,9 +73,10 @@ def run(
 ) -> float:
     from gpu_common import launch_workers
 
-    comm, overlap = COMMS[comm]
+    comm, overlap, window = COMMS[comm]
     args = ["--kind", kind, "--batch", str(batch), "--comm", comm, "--gemm", gemm, "--hidden", str(hidden)]
     args += ["--overlap"] if overlap else []
+    args += ["--window", window]
     args += ["--first-part", str(first_part)] if first_part else []
     result = launch_workers(__file__, nproc, args)
     return float("nan") if result is None else result["ms"]
@@ -79,6 +90,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, help="the cases' batch (weak: per GPU; strong: global) instead of theirs")
     parser.add_argument("--comm", default="nccl")
     parser.add_argument("--overlap", action="store_true")
+    parser.add_argument("--window", default="auto", help="nccl_window: auto, always or never")
     parser.add_argument("--gemm", default="sgemm")
     parser.add_argument("--first-part", type=float, help="overlap: the fraction of W1's rows summed first")
     parser.add_argument("--hidden", type=int, default=2048, help="H, the hidden layer's width")

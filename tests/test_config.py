@@ -7,7 +7,7 @@ from hydra.errors import ConfigCompositionException
 
 from tests.conftest import compose
 from trainer.config import ConfigError, config_hash, validate
-from trainer.run import gemm_mode, overlap_wanted
+from trainer.run import gemm_mode, overlap_wanted, window_wanted
 
 
 def test_defaults_and_overrides():
@@ -71,6 +71,26 @@ def test_overlap_true_is_rejected_with_the_choices():
 )
 def test_overlap_wanted(overrides, step, wanted):
     assert overlap_wanted(compose(overrides), step) is wanted
+
+
+def test_nccl_window_true_is_rejected_with_the_choices():
+    with pytest.raises(ConfigCompositionException) as e:
+        compose(["nccl_window=true"])
+    assert "Invalid value 'True', expected one of [auto, always, never]" in str(e.value.__cause__)
+
+
+@pytest.mark.parametrize(
+    ("nccl_window", "beside_gemm", "wanted"),
+    [
+        ("auto", False, True),  # sums after the backward pass or beside tensor-core work: it paid
+        ("auto", True, False),  # sums beside SGEMMs: it lost
+        ("always", True, True),
+        ("never", False, False),
+    ],
+)
+def test_window_wanted(nccl_window, beside_gemm, wanted):
+    assert compose([f"nccl_window={nccl_window}"]).nccl_window.value == nccl_window
+    assert window_wanted(nccl_window, beside_gemm) is wanted
 
 
 @pytest.mark.parametrize(

@@ -147,22 +147,23 @@ def test_tf32_run_stays_close_to_float32(idx_dir, mlflow_uri, tmp_path):
 @pytest.mark.gpu
 @pytest.mark.mpi
 @pytest.mark.parametrize(
-    ("overlap", "extra", "tol", "overlapped"),
+    ("overlap", "extra", "tol", "overlapped", "window"),
     [
-        ("never", [], 1e-12, False),
-        ("always", [], 1e-12, True),
-        ("always", ["hidden=1"], 1e-12, True),  # W1's second half has no rows: only b1, W2, b2, loss
-        ("always", ["dtype=float32", "fp32_gemm=tf32x3", "hidden=300"], 1e-5, True),
+        ("never", [], 1e-12, False, "symmetric"),  # float64: NCCL's regular kernels on the window's buffer
+        ("always", [], 1e-12, True, "off"),  # DGEMM, like SGEMM: sums beside the GEMMs, no window (auto)
+        ("always", ["hidden=1"], 1e-12, True, "off"),  # W1's second half has no rows: only b1, W2, b2, loss
+        ("always", ["dtype=float32", "fp32_gemm=tf32x3", "hidden=300"], 1e-5, True, "symmetric"),
         # overlap=auto: on where it was measured to pay, not with the default tf32x3. At H=2048 in
         # float32 lr=0.3 amplifies rounding to 1e-3 in two epochs (with or without overlap): lr=0.01.
-        ("auto", ["dtype=float32", "fp32_gemm=sgemm", "hidden=2048", "lr=0.01"], 1e-5, True),
-        ("auto", ["dtype=float32", "hidden=2048", "lr=0.01"], 1e-5, False),
+        ("auto", ["dtype=float32", "fp32_gemm=sgemm", "hidden=2048", "lr=0.01"], 1e-5, True, "off"),
+        ("auto", ["dtype=float32", "hidden=2048", "lr=0.01"], 1e-5, False, "symmetric"),
+        ("never", ["dtype=float32", "tf32=true", "nccl_window=never"], 1e-2, False, "off"),
     ],
 )
-def test_nccl_allreduce_matches_reference(overlap, extra, tol, overlapped, idx_dir, mlflow_uri, tmp_path):
+def test_nccl_allreduce_matches_reference(overlap, extra, tol, overlapped, window, idx_dir, mlflow_uri, tmp_path):
     """2 ranks with NCCL against the sequential CPU reference, with the all-reduce after the
-    backward pass and overlapped with the compute. 57 samples in batches of 7 end with a batch
-    of 1: a rank without rows must still join both halves' sums."""
+    backward pass and overlapped with the compute, in NCCL's symmetric window or not. 57 samples
+    in batches of 7 end with a batch of 1: a rank without rows must still join both halves' sums."""
     if gpu_count() < 2:
         pytest.skip("NCCL needs a GPU per rank: this machine has fewer than 2 GPUs")
     args = [*COMMON, "device=gpu", "nproc=2", "comm=nccl", f"overlap={overlap}", f"data.dir={idx_dir}", *extra]
@@ -171,5 +172,6 @@ def test_nccl_allreduce_matches_reference(overlap, extra, tol, overlapped, idx_d
     _, run = only_run(mlflow_uri)
     assert run.data.tags["sweepscale.comm"] == "NcclAllreduce"
     assert run.data.tags["sweepscale.overlap"] == str(overlapped).lower()
+    assert run.data.tags["sweepscale.nccl_window"] == window
     assert run.data.metrics[metrics.weight_error("max")] < tol
     assert (metrics.ALLREDUCE_GBPS in run.data.metrics) != overlapped  # overlapped, the phase is a wait

@@ -48,6 +48,12 @@ class Overlap(str, Enum):
     never = "never"  # all-reduce after the backward pass
 
 
+class NcclWindow(str, Enum):
+    auto = "auto"  # where it was measured to pay: all but sums beside SGEMMs (trainer/run.py window_wanted)
+    always = "always"  # NCCL 2.27+: the gradient in a symmetric memory window, summed by NCCL's symmetric kernels
+    never = "never"  # a plain device buffer, NCCL's ring kernels
+
+
 class DType(str, Enum):
     float32 = "float32"
     float64 = "float64"
@@ -134,6 +140,7 @@ class TrainerConfig:
     tf32: bool = MISSING  # float32 storage, TF32 tensor-core GEMMs
     fp32_gemm: Fp32Gemm = MISSING  # the fused step's float32 GEMMs when tf32=false
     overlap: Overlap = MISSING  # fused step with NCCL: all-reduce behind the step's compute
+    nccl_window: NcclWindow = MISSING  # NCCL 2.27+: the gradient in a symmetric memory window
     profile: bool = MISSING  # NVTX ranges per phase, for Nsight Systems
     data: DataConfig = field(default_factory=DataConfig)
     check: CheckConfig = field(default_factory=CheckConfig)

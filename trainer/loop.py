@@ -15,6 +15,7 @@ import numpy as np
 
 from trainer import model
 from trainer.clock import PhaseClock
+from trainer.parallel import gradient_buffer
 from trainer.steps import make_step
 
 # Phases timed in every batch, in order; "batch" is their sum.
@@ -119,7 +120,7 @@ def fit(
     ``step_kind`` picks the implementation of the step and ``gemm`` how its float32 GEMMs run
     (trainer/steps.py); ``overlap`` hides an NCCL all-reduce behind the fused step's compute.
     """
-    gbuf = xp.empty(layout.size + 1, dtype=params.dtype)  # gradient, then summed cross-entropy
+    gbuf = gradient_buffer(allreduce, xp, layout.size + 1, params.dtype)  # gradient, then summed cross-entropy
     max_rows = -(-schedule.batch_size // size)
     step = make_step(step_kind, xp, layout, params, gbuf, max_rows, gemm, allreduce, overlap)
     n = len(y)

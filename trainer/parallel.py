@@ -140,25 +140,41 @@ class HostAllreduce:
         buf.set(self.host)
 
 
+# Thread blocks of NCCL's symmetric all-reduce kernel (NCCL_SYM_CTAS, unless the environment sets
+# it): NCCL's own choice, 7, summed the 6.5 MB gradient in 35 us at 2 H200s, 16 blocks in 30 (BENCHMARKS.md).
+WINDOW_CTAS = 16
+
+
 class NcclAllreduce:
     """Sum a flat device buffer over all ranks with NCCL, in place: on the current stream
     (``__call__``), or on a side stream beside the compute (``start``).
 
     The unique id travels over MPI; each rank must have a GPU of its own. ``max_ctas`` caps the
     thread blocks NCCL takes per GPU (NCCL_MAX_CTAS, unless the environment sets it): fewer
-    blocks take longer alone but slow a concurrent GEMM less (benchmarks/gpu_overlap.py)."""
+    blocks take longer alone but slow a concurrent GEMM less (benchmarks/gpu_overlap.py).
+    ``window``: ``empty`` gives buffers in an NCCL symmetric memory window where the library has
+    them (NCCL 2.27+), so NCCL can sum them with its symmetric kernels (trainer/nccl.py); the
+    buffer to sum must come from ``empty`` for that. ``window_state`` says what was done."""
 
-    def __init__(self, world: World, dtype: Any, max_ctas: int | None = None) -> None:
+    def __init__(self, world: World, dtype: Any, max_ctas: int | None = None, window: bool = False) -> None:
         import cupy
-        from cupy.cuda import nccl
+
+        from trainer import nccl
 
         if max_ctas:  # NCCL reads it when the process's first communicator is created
             os.environ.setdefault("NCCL_MAX_CTAS", str(max_ctas))
-        uid = world.comm.bcast(nccl.get_unique_id() if world.rank == 0 else None)
-        self.nccl, self.cupy = nccl, cupy
-        self.comm = nccl.NcclCommunicator(world.size, uid, world.rank)
-        kinds = {np.dtype(np.float32): nccl.NCCL_FLOAT32, np.dtype(np.float64): nccl.NCCL_FLOAT64}
-        self.dtype = kinds[np.dtype(dtype)]
+        if window:
+            os.environ.setdefault("NCCL_SYM_CTAS", str(WINDOW_CTAS))
+        lib = nccl.library()
+        uid = world.comm.bcast(nccl.Communicator.unique_id(lib) if world.rank == 0 else None)
+        self.comm = nccl.Communicator(lib, uid, world.size, world.rank)
+        self.cupy, self.dtype, self.nccl_dtype = cupy, np.dtype(dtype), nccl.DTYPES[np.dtype(dtype)]
+        if not window:
+            self.window_state = "off"
+        elif nccl.version(lib) < nccl.WINDOWS_SINCE:
+            self.window_state = f"unavailable: NCCL {nccl.version(lib)} has no windows (2.27 or later)"
+        else:
+            self.window_state = "symmetric"
         # The side stream: non-blocking (no implicit synchronisation with the default stream) and
         # of the highest priority (-100 is clamped to it), so NCCL's blocks are scheduled ahead of
         # the compute's queued ones: the overlapped step at 4 GPUs took 0.62 ms so, 0.66 ms with a
@@ -166,6 +182,16 @@ class NcclAllreduce:
         self.runtime = runtime = cupy.cuda.runtime
         self.side = runtime.streamCreateWithPriority(runtime.streamNonBlocking, -100)  # lives with the process
         self.ready = cupy.cuda.Event(disable_timing=True)
+
+    def empty(self, n: int) -> Any:
+        """A device buffer of n elements for the sums: in the symmetric window when there is one
+        (a collective call: every rank asks for the same n)."""
+        if self.window_state == "symmetric":
+            try:
+                return self.comm.window_buffer(n, self.dtype)
+            except RuntimeError as e:  # e.g. NCCL without cuMem (NCCL_CUMEM_ENABLE=0): sum a plain buffer
+                self.window_state = f"unavailable: {e}"
+        return self.cupy.empty(n, dtype=self.dtype)
 
     def __call__(self, buf: Any) -> None:
         self.sum_on(buf, self.cupy.cuda.get_current_stream().ptr)
@@ -181,7 +207,15 @@ class NcclAllreduce:
 
     def sum_on(self, buf: Any, stream: int) -> None:
         """Queue the in-place sum of ``buf`` on the stream with this handle."""
-        self.comm.allReduce(buf.data.ptr, buf.data.ptr, buf.size, self.dtype, self.nccl.NCCL_SUM, stream)
+        self.comm.all_reduce(buf.data.ptr, buf.size, self.nccl_dtype, stream)
+
+
+def gradient_buffer(allreduce: Any, xp: Any, n: int, dtype: Any) -> Any:
+    """The flat buffer the step fills and ``allreduce`` sums: from the all-reduce where it has a
+    place of its own for it (NCCL's window), else a plain array."""
+    if isinstance(allreduce, NcclAllreduce):
+        return allreduce.empty(n)
+    return xp.empty(n, dtype=dtype)
 
 
 # NCCL's blocks per GPU when its sums run beside the step's GEMMs: 8 beat NCCL's default (BENCHMARKS.md).
@@ -189,10 +223,19 @@ OVERLAP_MAX_CTAS = 8
 
 
 def make_allreduce(
-    comm: str, world: World, on_gpu: bool, n_gpus: int, xp: Any, n: int, dtype: Any, beside_gemm: bool = False
+    comm: str,
+    world: World,
+    on_gpu: bool,
+    n_gpus: int,
+    xp: Any,
+    n: int,
+    dtype: Any,
+    beside_gemm: bool = False,
+    window: bool = False,
 ) -> Any:
     """comm=auto: NCCL on GPUs when every rank of this node has a GPU of its own, else MPI.
-    ``beside_gemm``: NCCL's sums will run beside the step's GEMMs (fewer blocks)."""
+    ``beside_gemm``: NCCL's sums will run beside the step's GEMMs (fewer blocks); ``window``:
+    NCCL sums buffers of a symmetric memory window (``NcclAllreduce``)."""
     own_gpu = on_gpu and n_gpus >= world.local_size
     if comm == "nccl" and not own_gpu:
         raise ConfigError(
@@ -200,5 +243,5 @@ def make_allreduce(
             "use comm=mpi or comm=auto"
         )
     if world.size > 1 and (comm == "nccl" or (comm == "auto" and own_gpu)):
-        return NcclAllreduce(world, dtype, OVERLAP_MAX_CTAS if beside_gemm else None)
+        return NcclAllreduce(world, dtype, OVERLAP_MAX_CTAS if beside_gemm else None, window)
     return HostAllreduce(world, xp, n, dtype)

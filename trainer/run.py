@@ -19,7 +19,7 @@ from trainer import console, flops, metrics, model, parallel, reference, trackin
 from trainer import data as data_mod
 from trainer.backend import Backend, gpu_count, select
 from trainer.clock import PhaseClock
-from trainer.config import ConfigError, Overlap, config_hash, validate
+from trainer.config import ConfigError, NcclWindow, Overlap, config_hash, validate
 from trainer.loop import STEP_PHASES, EpochResult, Schedule, fit
 from trainer.steps import sums_beside_gemm
 
@@ -154,11 +154,14 @@ def train_on_rank(
     wanted = overlap_wanted(cfg, step)
     beside_gemm = wanted and sums_beside_gemm(gemm_mode(cfg))
     allreduce = parallel.make_allreduce(
-        cfg.comm.value, world, backend.kind == "gpu", backend.n_devices, xp, layout.size + 1, params.dtype, beside_gemm
-    )
+        cfg.comm.value, world, backend.kind == "gpu", backend.n_devices, xp, layout.size + 1, params.dtype, beside_gemm,
+        window_wanted(cfg.nccl_window.value, beside_gemm),
+    )  # fmt: skip
     overlap = wanted and isinstance(allreduce, parallel.NcclAllreduce)  # NCCL alone can overlap
     if recorder is not None:
         recorder.set_tags({"sweepscale.comm": type(allreduce).__name__, "sweepscale.step": step})
+        if isinstance(allreduce, parallel.NcclAllreduce):
+            recorder.set_tags({"sweepscale.nccl_window": allreduce.window_state})
         if step == "fused":
             recorder.set_tags({"sweepscale.gemm": gemm_mode(cfg), "sweepscale.overlap": str(overlap).lower()})
 
@@ -239,6 +242,16 @@ def overlap_wanted(cfg: DictConfig, step: str) -> bool:
     if step != "fused" or cfg.nproc == 1 or cfg.overlap == Overlap.never:
         return False
     return cfg.overlap == Overlap.always or (gemm_mode(cfg), cfg.hidden) in OVERLAP_PAYS
+
+
+def window_wanted(nccl_window: str, beside_gemm: bool) -> bool:
+    """Whether NCCL sums the gradient in a symmetric memory window (trainer/nccl.py). Its
+    symmetric kernels sum the 6.5 MB gradient of H=2048 in 45 us instead of 48 at 4 H200s, 30
+    instead of 41 at 2, and slow a GEMM beside them less; the steps after the backward pass gain
+    (TF32 at 4 GPUs: 0.204 against 0.211 ms). Beside SGEMMs (the overlapped SGEMM step) the step
+    lost (0.634 against 0.614 ms at 2 GPUs), so nccl_window=auto leaves that case out
+    (BENCHMARKS.md, "NCCL's symmetric window"). ``nccl_window``: auto, always or never."""
+    return nccl_window == NcclWindow.always.value or (nccl_window == NcclWindow.auto.value and not beside_gemm)
 
 
 def _pinned(a: np.ndarray) -> Any:
