@@ -48,9 +48,10 @@ def test_gemm_mode_follows_tf32_dtype_and_fp32_gemm():
     assert gemm_mode(compose(["dtype=float64"])) == "dgemm"
 
 
-def test_overlap_true_is_rejected_with_the_choices():
+@pytest.mark.parametrize("key", ["overlap", "nccl_window"])
+def test_true_is_rejected_with_the_choices(key):
     with pytest.raises(ConfigCompositionException) as e:
-        compose(["overlap=true"])
+        compose([f"{key}=true"])
     assert "Invalid value 'True', expected one of [auto, always, never]" in str(e.value.__cause__)
 
 
@@ -71,12 +72,6 @@ def test_overlap_true_is_rejected_with_the_choices():
 )
 def test_overlap_wanted(overrides, step, wanted):
     assert overlap_wanted(compose(overrides), step) is wanted
-
-
-def test_nccl_window_true_is_rejected_with_the_choices():
-    with pytest.raises(ConfigCompositionException) as e:
-        compose(["nccl_window=true"])
-    assert "Invalid value 'True', expected one of [auto, always, never]" in str(e.value.__cause__)
 
 
 @pytest.mark.parametrize(
