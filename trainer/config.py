@@ -51,7 +51,7 @@ class Overlap(str, Enum):
 class NcclWindow(str, Enum):
     auto = "auto"  # where it was measured to pay: all but sums beside SGEMMs (trainer/run.py window_wanted)
     always = "always"  # NCCL 2.27+: the gradient in a symmetric memory window, summed by NCCL's symmetric kernels
-    never = "never"  # a plain device buffer, NCCL's ring kernels
+    never = "never"  # a plain device buffer, NCCL's regular kernels
 
 
 class DType(str, Enum):

@@ -160,8 +160,6 @@ def train_on_rank(
     overlap = wanted and isinstance(allreduce, parallel.NcclAllreduce)  # NCCL alone can overlap
     if recorder is not None:
         recorder.set_tags({"sweepscale.comm": type(allreduce).__name__, "sweepscale.step": step})
-        if isinstance(allreduce, parallel.NcclAllreduce):
-            recorder.set_tags({"sweepscale.nccl_window": allreduce.window_state})
         if step == "fused":
             recorder.set_tags({"sweepscale.gemm": gemm_mode(cfg), "sweepscale.overlap": str(overlap).lower()})
 
@@ -188,6 +186,8 @@ def train_on_rank(
     )  # fmt: skip
     if recorder is None:
         return
+    if isinstance(allreduce, parallel.NcclAllreduce):  # known once fit has asked it for the gradient's buffer
+        recorder.set_tags({"sweepscale.nccl_window": allreduce.window_state})
     final = backend.to_host(params)
     phase_ms = clock.medians()
     record_performance(recorder, cfg, layout, backend, phase_ms, world.size, overlap)
