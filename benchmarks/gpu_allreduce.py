@@ -1,14 +1,15 @@
-"""The gradient's all-reduce two ways, alone and beside a GEMM: NCCL's kernels against the copy
-engines (benchmarks/peer_allreduce.py, an experiment). The question: does an all-reduce that takes no SMs hide
-behind the step's GEMMs where NCCL's could not (BENCHMARKS.md, "Hiding the all-reduce")?
+"""The gradient's all-reduce, alone and beside a GEMM: NCCL's kernels on a plain buffer (nccl), NCCL's
+symmetric kernels on a buffer of its memory window (nccl-window, the trainer's default), and the
+copy engines (benchmarks/peer_allreduce.py, an experiment: does an all-reduce that takes no SMs
+hide behind the step's GEMMs where NCCL's could not? BENCHMARKS.md, "Hiding the all-reduce").
 
     python benchmarks/gpu_allreduce.py          # launches mpiexec -n 4 itself (--nproc)
 
 On each rank, 20 times: the sum of the whole gradient at H=2048 (6.5 MB, float32) or of the first
 half of W1's rows (3.2 MB) on a high-priority side stream, alone; the GEMM alone (the tensor
 cores' dW1 = dz1^T X of the whole of W1, or SGEMM's of half of it, as the overlapped step runs
-them); both launched together. Also the CPU time of queueing one sum, and a check that both
-give exactly the sum (integer-valued floats) over 10 calls, whole and in halves.
+them); both launched together. Also the CPU time of queueing one sum, and a check that each
+gives exactly the sum (integer-valued floats) over 10 calls, whole and in halves.
 """
 
 from __future__ import annotations
