@@ -8,7 +8,8 @@ hide behind the step's GEMMs where NCCL's could not? BENCHMARKS.md, "Hiding the 
 On each rank, 20 times: the sum of the whole gradient at H=2048 (6.5 MB, float32) or of the first
 half of W1's rows (3.2 MB) on a high-priority side stream, alone; the GEMM alone (the tensor
 cores' dW1 = dz1^T X of the whole of W1, or SGEMM's of half of it, as the overlapped step runs
-them); both launched together. Also the CPU time of queueing one sum, and a check that each
+them; or, with ``--gemm x-prep``, 3xTF32's preparation of X, which the overlapped tensor-core
+step runs beside the first half's sum); both launched together. Also the CPU time of queueing one sum, and a check that each
 gives exactly the sum (integer-valued floats) over 10 calls, whole and in halves.
 """
 
@@ -31,7 +32,7 @@ COMMS = ("nccl", "nccl-window", "peer", "peer-graph")
 
 def worker(args: argparse.Namespace) -> None:
     import cupy as cp
-    from gpu_common import beside, report
+    from gpu_common import beside, fused_step, inputs, report
     from peer_allreduce import PeerAllreduce
 
     from trainer import model, parallel
@@ -66,13 +67,19 @@ def worker(args: argparse.Namespace) -> None:
     exact = all(world.comm.allgather(ok))
 
     gemm = Gemm(cp.float32, tensor_cores=kind == "tf32")
-    x = cp.random.random((ROWS, D), dtype=cp.float32)
+    xh, yh = inputs(ROWS)
+    x = cp.asarray(xh)
     if kind == "tf32":  # dW1 from dz1^T and X^T, both K-major (the fused step's layout)
         dz1t, xt = cp.random.random((H, ROWS), dtype=cp.float32), cp.ascontiguousarray(x.T)
         out = cp.empty((H, D), cp.float32)
 
         def product() -> None:
             gemm(dz1t, xt, out, tb=True)
+    elif kind == "x-prep":  # 3xTF32's preparation of X, which the overlapped step runs beside the first sum
+        prepared = fused_step(H, "tf32x3", x, cp.asarray(yh))
+
+        def product() -> None:
+            prepared.prepare_x(x)
     else:  # SGEMM's second half of dW1 from row-major dz1
         dz1, out = cp.random.random((ROWS, H), dtype=cp.float32), cp.empty((H // 2, D), cp.float32)
 
@@ -99,7 +106,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--worker", action="store_true")
     parser.add_argument("--nproc", type=int, default=4)
-    parser.add_argument("--gemm", choices=["tf32", "sgemm"], nargs="+", default=["tf32", "sgemm"])
+    parser.add_argument("--gemm", choices=["tf32", "sgemm", "x-prep"], nargs="+", default=["tf32", "sgemm"])
     parser.add_argument("--comm", choices=COMMS, nargs="+", default=list(COMMS))
     args = parser.parse_args()
     if args.worker:
