@@ -9,8 +9,9 @@ On each rank, 20 times: the sum of the whole gradient at H=2048 (6.5 MB, float32
 half of W1's rows (3.2 MB) on a high-priority side stream, alone; the GEMM alone (the tensor
 cores' dW1 = dz1^T X of the whole of W1, or SGEMM's of half of it, as the overlapped step runs
 them; or, with ``--gemm x-prep``, 3xTF32's preparation of X, which the overlapped tensor-core
-step runs beside the first half's sum); both launched together. Also the CPU time of queueing one sum, and a check that each
-gives exactly the sum (integer-valued floats) over 10 calls, whole and in halves.
+step runs beside the first half's sum); both launched together. Also the CPU time of queueing
+one sum, and a check that each gives exactly the sum (integer-valued floats) over 10 calls,
+whole and in halves.
 """
 
 from __future__ import annotations

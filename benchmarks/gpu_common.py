@@ -7,6 +7,7 @@ import json
 import statistics
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,21 @@ def time_ms(step: Callable[[], None], steps: int = 100, repeats: int = 7, warmup
         stop.synchronize()
         samples.append(cp.cuda.get_elapsed_time(start, stop) / steps)
     return statistics.median(samples)
+
+
+def enqueue_ms(step: Callable[[], None], samples: int = 21) -> float:
+    """The CPU's time to queue one call of ``step`` on an idle GPU (median): a step whose CPU time
+    exceeds its GPU time leaves the GPU waiting for launches."""
+    import cupy as cp
+
+    times = []
+    for _ in range(samples):
+        cp.cuda.Device().synchronize()
+        t0 = time.perf_counter()
+        step()
+        times.append((time.perf_counter() - t0) * 1e3)
+    cp.cuda.Device().synchronize()
+    return statistics.median(times)
 
 
 def inputs(batch: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:

@@ -8,6 +8,9 @@ after the backward pass (nccl), both with NCCL's symmetric window where the trai
 
 weak:   3200 samples per GPU (the global batch grows); efficiency = t(1) / t(P)
 strong: global batch 12800 split over the GPUs;     speedup    = t(1) / t(P)
+
+The last columns: the CPU's time to queue one step (rank 0, the GPU idle before it). Where it
+exceeds the GPU's time per step, the step is bound by its launches, not by the GPU.
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ COMMS = {
 
 def worker(args: argparse.Namespace) -> None:
     import cupy as cp
-    from gpu_common import inputs, our_step, report, time_ms
+    from gpu_common import enqueue_ms, inputs, our_step, report, time_ms
 
     from trainer import model, parallel
     from trainer.loop import local_rows
@@ -63,14 +66,16 @@ def worker(args: argparse.Namespace) -> None:
         "fused", args.hidden, cp.asarray(xh), cp.asarray(yh), allreduce if world.size > 1 else None, global_batch,
         args.gemm, args.overlap,
     )  # fmt: skip
-    ms = time_ms(step)
+    ms, cpu_ms = time_ms(step), enqueue_ms(step)
     if world.rank == 0:
-        report({"ms": ms, "comm": type(allreduce).__name__, "window": getattr(allreduce, "window_state", "-")})
+        window = getattr(allreduce, "window_state", "-")
+        report({"ms": ms, "cpu_ms": cpu_ms, "comm": type(allreduce).__name__, "window": window})
 
 
 def run(
     nproc: int, kind: str, gemm: str, batch: int, comm: str, first_part: float | None = None, hidden: int = 2048
-) -> float:
+) -> tuple[float, float]:
+    """ms per step on the GPU, and the CPU's ms to queue one step."""
     from gpu_common import launch_workers
 
     comm, overlap, window = COMMS[comm]
@@ -79,7 +84,7 @@ def run(
     args += ["--window", window]
     args += ["--first-part", str(first_part)] if first_part else []
     result = launch_workers(__file__, nproc, args)
-    return float("nan") if result is None else result["ms"]
+    return (float("nan"), float("nan")) if result is None else (result["ms"], result["cpu_ms"])
 
 
 def main() -> None:
@@ -102,16 +107,19 @@ def main() -> None:
         worker(args)
         return
     print(f"H={args.hidden}")
-    print(f"{'case':22s} {'comm':12s} " + " ".join(f"{f'{p} GPU ms':>10s}" for p in args.gpus) + "   ratio t1/tP")
+    head = " ".join(f"{f'{p} GPU ms':>10s}" for p in args.gpus)
+    print(f"{'case':22s} {'comm':12s} {head}   ratio t1/tP   CPU ms to queue a step")
     for kind, label, batch, gemm in CASES:
         if args.cases and f"{kind} {label}" not in args.cases:
             continue
         batch = args.batch or batch
         base = run(1, kind, gemm, batch, "mpi", hidden=args.hidden)
         for comm in args.comms:
-            times = [base] + [run(p, kind, gemm, batch, comm, args.first_part, args.hidden) for p in args.gpus[1:]]
-            ratios = " ".join(f"{base / t:6.2f}" for t in times[1:])
-            print(f"{kind + ' ' + label:22s} {comm:12s} " + " ".join(f"{t:10.3f}" for t in times) + f"   {ratios}")
+            runs = [base] + [run(p, kind, gemm, batch, comm, args.first_part, args.hidden) for p in args.gpus[1:]]
+            ratios = " ".join(f"{base[0] / t:6.2f}" for t, _ in runs[1:])
+            cpu = " ".join(f"{c:6.3f}" for _, c in runs)
+            times = " ".join(f"{t:10.3f}" for t, _ in runs)
+            print(f"{kind + ' ' + label:22s} {comm:12s} {times}   {ratios}   {cpu}")
             sys.stdout.flush()
     sys.stdout.flush()
 
