@@ -2,8 +2,9 @@
 launch of the fused step (X's preparation, the GEMMs, the kernels, the updates) and around every
 NCCL sum (on the compute stream, or on the side stream when overlapped), read against the step's
 start. The machines lent here have Nsight Compute but no Nsight Systems; this is the timeline
-those events give. The events themselves add a few us per launch, so the steps read longer than
-in gpu_scaling.py: compare the configurations with each other, not with its figures.
+those events give. The events themselves add a few us per launch and CPU time per step, so the
+steps read longer than in gpu_scaling.py (the TF32 step at 4 GPUs becomes bound by the CPU and
+its sum absorbs the ranks' skew): compare the configurations with each other, not with its figures.
 
     python benchmarks/gpu_timeline.py --nproc 2 --gemm tf32x3 --overlap never always --first-part 0.5 1.0
 
@@ -50,7 +51,7 @@ def worker(args: argparse.Namespace) -> None:
         method = getattr(FusedStep, name)
 
         def run(self: Any, *a: Any, **k: Any) -> None:
-            part = a[0] if name == "_sgd_update" else a[1] if len(a) > 1 else None
+            part = a[0] if name == "_sgd_update" else a[1] if name.endswith("gemm") and len(a) > 1 else None
             label = name.lstrip("_") + ("" if part is None else f"[{part}]")
             mark(label + ">")
             method(self, *a, **k)
@@ -94,7 +95,7 @@ def worker(args: argparse.Namespace) -> None:
     cp.cuda.Device().synchronize()
     starts = [i for i, (label, _) in enumerate(marks) if label == "STEP"]
     times: dict[tuple[int, str], list[float]] = {}
-    for s, e in itertools.pairwise(starts[3:]):  # the last 8 whole steps
+    for s, e in itertools.pairwise(starts[3:-1]):  # 8 whole steps, not the last (it ends with finish())
         for j, (label, event) in enumerate(marks[s + 1 : e + 1]):
             times.setdefault((j, label), []).append(cp.cuda.get_elapsed_time(marks[s][1], event) * 1e3)
     if world.rank == 0:
