@@ -141,7 +141,8 @@ class HostAllreduce:
 
 
 # Thread blocks of NCCL's symmetric all-reduce kernel (NCCL_SYM_CTAS, unless the environment sets
-# it): NCCL's own choice, 7, summed the 6.5 MB gradient in 35 us at 2 H200s, 16 blocks in 30 (BENCHMARKS.md).
+# it): NCCL's own choice, 7, summed the 6.5 MB gradient in 35 us at 2 H200s and 45 at 4; 16 blocks
+# in 30 and 43 (BENCHMARKS.md).
 WINDOW_CTAS = 16
 
 

@@ -246,10 +246,10 @@ def overlap_wanted(cfg: DictConfig, step: str) -> bool:
 
 def window_wanted(nccl_window: str, beside_gemm: bool) -> bool:
     """Whether NCCL sums the gradient in a symmetric memory window (trainer/nccl.py). Its
-    symmetric kernels sum the 6.5 MB gradient of H=2048 in 45 us instead of 48 at 4 H200s, 30
-    instead of 41 at 2, and slow a GEMM beside them less; the steps after the backward pass gain
-    (TF32 at 4 GPUs: 0.204 against 0.211 ms). Beside SGEMMs (the overlapped SGEMM step) the step
-    lost (0.634 against 0.614 ms at 2 GPUs), so nccl_window=auto leaves that case out
+    symmetric kernels sum the 6.5 MB gradient of H=2048 in 43 us instead of 49 at 4 H200s, 30
+    instead of 41 at 2, and slow a GEMM beside them less; the steps that sum after the backward
+    pass gain (TF32 at 4 GPUs: 0.202 against 0.212 ms). Beside SGEMMs (the overlapped SGEMM step)
+    the step lost (0.634 against 0.614 ms at 2 GPUs), so nccl_window=auto leaves that case out
     (BENCHMARKS.md, "NCCL's symmetric window"). ``nccl_window``: auto, always or never."""
     return nccl_window == NcclWindow.always.value or (nccl_window == NcclWindow.auto.value and not beside_gemm)
 
