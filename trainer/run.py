@@ -232,7 +232,8 @@ def gemm_mode(cfg: DictConfig) -> str:
 # against 0.637 ms with 3200 rows per GPU, 0.361 against 0.375 with 1600). It lost everywhere
 # else measured, by 2 to 24%: SGEMM at H=512, 1024 and 4096; 3xTF32 at H=512, 1024 and 4096 and
 # at H=2048 with 1600 rows per GPU (with 3200 it gained 3%); TF32 at H=2048. Unmeasured widths
-# are not overlapped.
+# are not overlapped. Against the sums in NCCL's window (nccl_window), measured later at H=2048:
+# SGEMM still gains (0.616 against 0.630 ms), 3xTF32 ties (0.347, 0.348), TF32 loses (0.217, 0.202).
 OVERLAP_PAYS = frozenset({("sgemm", 2048)})  # (GEMM mode, hidden)
 
 
