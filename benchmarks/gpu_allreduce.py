@@ -67,9 +67,9 @@ def worker(args: argparse.Namespace) -> None:
         ok = ok and bool(cp.array_equal(whole, expect))
     exact = all(world.comm.allgather(ok))
 
-    gemm = Gemm(cp.float32, tensor_cores=kind == "tf32")
     xh, yh = inputs(ROWS)
     x = cp.asarray(xh)
+    gemm = Gemm(cp.float32, tensor_cores=kind == "tf32") if kind != "x-prep" else None
     if kind == "tf32":  # dW1 from dz1^T and X^T, both K-major (the fused step's layout)
         dz1t, xt = cp.random.random((H, ROWS), dtype=cp.float32), cp.ascontiguousarray(x.T)
         out = cp.empty((H, D), cp.float32)
