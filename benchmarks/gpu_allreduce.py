@@ -77,7 +77,7 @@ def worker(args: argparse.Namespace) -> None:
         def product() -> None:
             gemm(dz1t, xt, out, tb=True)
     elif kind == "x-prep":  # 3xTF32's preparation of X, which the overlapped step runs beside the first sum
-        prepared = fused_step(H, "tf32x3", x, cp.asarray(yh))
+        prepared = fused_step(H, "tf32x3", x, cp.asarray(yh), x_levels=None)
 
         def product() -> None:
             prepared.prepare_x(x)

@@ -14,6 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from trainer.data import PIXEL_LEVELS  # the benchmarks put the project on sys.path before importing this
+
 D, C, REG, LR = 784, 10, 1e-4, 1e-3
 
 
@@ -52,9 +54,11 @@ def enqueue_ms(step: Callable[[], None], samples: int = 21) -> float:
 
 
 def inputs(batch: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """Random pixels in [0, 1) and labels (never zeros: they hide bugs and time differently)."""
+    """Random pixels, bytes / 255 as trainer/data.py scales them, and labels (never all zeros:
+    they hide bugs and time differently)."""
     rng = np.random.default_rng(seed)
-    return rng.random((batch, D), dtype=np.float32), rng.integers(0, C, batch)
+    k = rng.integers(0, 256, (batch, D)).astype(np.float32)
+    return k / np.float32(PIXEL_LEVELS), rng.integers(0, C, batch)
 
 
 def our_step(
@@ -66,12 +70,14 @@ def our_step(
     global_batch: int = 0,
     gemm: str = "sgemm",
     overlap: bool = False,
+    x_levels: int | None = PIXEL_LEVELS,
 ) -> Callable[[], None]:
     """One training step of ours on resident data (this rank's rows x, labels y), exactly as
     trainer/loop.py runs it; the gradient is normalised by the global batch (default: len(y)).
     ``gemm``: how the fused step's GEMMs run (sgemm, tf32, tf32x3); ``overlap``: the fused step
     hides an NCCL all-reduce behind its compute (each call then leaves the end of its update to
-    the next, as in training)."""
+    the next, as in training); ``x_levels``: x is pixels (``inputs``), as the trainer promises
+    (tf32x3 in two products; None: three)."""
     import cupy as cp
 
     from trainer import model
@@ -82,7 +88,7 @@ def our_step(
     layout = model.Layout(D=D, H=H, C=C)
     params = cp.asarray(model.init_params(layout, 0, "float32"))
     gbuf = gradient_buffer(allreduce, cp, layout.size + 1, cp.float32)  # NCCL's window, if it has one
-    step = make_step(kind, cp, layout, params, gbuf, len(y), gemm, allreduce, overlap)
+    step = make_step(kind, cp, layout, params, gbuf, len(y), gemm, allreduce, overlap, x_levels)
     loss = cp.zeros(1, dtype=cp.float32)
     schedule = Schedule(batch_size=global_batch or len(y), lr=LR, reg=REG, epochs=1)
 
@@ -113,9 +119,9 @@ def model_gemms(H: int, x: Any) -> Callable[[], None]:
     return run
 
 
-def fused_step(H: int, gemm: str, x: Any, y: Any, cls: Any = None) -> Any:
+def fused_step(H: int, gemm: str, x: Any, y: Any, cls: Any = None, x_levels: int | None = PIXEL_LEVELS) -> Any:
     """A FusedStep (or subclass ``cls``) that has run forward and backward once on (x, y), so its
-    buffers hold a step's values: for timing its launches one by one."""
+    buffers hold a step's values: for timing its launches one by one (``x_levels``: our_step's)."""
     import cupy as cp
 
     from trainer import model
@@ -124,7 +130,7 @@ def fused_step(H: int, gemm: str, x: Any, y: Any, cls: Any = None) -> Any:
     layout = model.Layout(D=D, H=H, C=C)
     params = cp.asarray(model.init_params(layout, 0, "float32"))
     gbuf = cp.zeros(layout.size + 1, dtype=cp.float32)
-    s = (cls or FusedStep)(layout, params, gbuf, len(x), gemm)
+    s = (cls or FusedStep)(layout, params, gbuf, len(x), gemm, x_levels=x_levels)
     s.forward(x, y)
     s.backward(x, y, 1 / len(x))
     return s

@@ -5,8 +5,9 @@
 GPU time per launch without the CPU's launch cost (20 launches captured in a CUDA graph) of
 output_layer and hidden_grad over their block shapes (trainer/steps.py: output_layer's warps per
 block and rows loaded at once; hidden_grad's warps, hidden units and samples per block),
-hidden_grad as the TF32 step runs it (dz1^T over z1^T) and as the 3xTF32 step does (its three
-TF32 parts: 26 MB read, 79 MB written). This is how FusedStep's OUT_* and HID_* shapes were
+hidden_grad as the TF32 step runs it (dz1^T over z1^T), as the 3xTF32 step does (its three
+TF32 parts: 26 MB read, 79 MB written) and as the 2xTF32 one (tf32x3 on pixels: two parts, 52 MB
+written). This is how FusedStep's OUT_* and HID_* shapes were
 chosen. With --profile-target it only launches the two kernels of the TF32 step twice each, for
 Nsight Compute (BENCHMARKS.md).
 """
@@ -19,7 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gpu_common import fused_step, inputs, time_ms
+from gpu_common import PIXEL_LEVELS, fused_step, inputs, time_ms
 
 H, B = 2048, 3200
 # (OUT_WARPS, OUT_UNROLL) and (HID_WARPS, HID_H, HID_ITER): see FusedStep
@@ -40,11 +41,12 @@ def graph_ms(launch, n: int = 20) -> float:
         return time_ms(lambda: graph.launch(stream), steps=10, repeats=5, warmup=2) / n
 
 
-def shaped(gemm: str, x, y, **shape):
-    """A FusedStep (``gemm``'s GEMMs) with these block shapes (class attributes of FusedStep)."""
+def shaped(gemm: str, x, y, x_levels=None, **shape):
+    """A FusedStep (``gemm``'s GEMMs; x_levels: fused_step's) with these block shapes (class
+    attributes of FusedStep)."""
     from trainer.steps import FusedStep
 
-    return fused_step(H, gemm, x, y, cls=type("Shaped", (FusedStep,), shape))
+    return fused_step(H, gemm, x, y, cls=type("Shaped", (FusedStep,), shape), x_levels=x_levels)
 
 
 def profile_target(x, y) -> None:
@@ -73,14 +75,14 @@ def main() -> None:
         s = shaped("tf32", x, y, OUT_WARPS=warps, OUT_UNROLL=unroll)
         us = graph_ms(lambda s=s: s.output_layer(y)) * 1e3
         print(f"{warps:5d} {unroll:12d} {us:7.1f}")
-    print("\nhidden_grad, us per launch (TF32: dz1^T over z1^T; 3xTF32: its three TF32 parts)")
-    print(f"{'warps':>5s} {'hidden/block':>12s} {'samples/block':>13s} {'TF32':>7s} {'3xTF32':>7s}")
+    print("\nhidden_grad, us per launch (TF32: dz1^T over z1^T; 3xTF32, 2xTF32: its three, two TF32 parts)")
+    print(f"{'warps':>5s} {'hidden/block':>12s} {'samples/block':>13s} {'TF32':>7s} {'3xTF32':>7s} {'2xTF32':>7s}")
     for warps, hid_h, hid_iter in HID_SHAPES:
         times = []
-        for gemm in ("tf32", "tf32x3"):
-            s = shaped(gemm, x, y, HID_WARPS=warps, HID_H=hid_h, HID_ITER=hid_iter)
+        for gemm, levels in (("tf32", None), ("tf32x3", None), ("tf32x3", PIXEL_LEVELS)):
+            s = shaped(gemm, x, y, levels, HID_WARPS=warps, HID_H=hid_h, HID_ITER=hid_iter)
             times.append(graph_ms(lambda s=s: s.hidden_gradient(B, 1 / B)) * 1e3)
-        print(f"{warps:5d} {hid_h:12d} {s.hid_s:13d} {times[0]:7.1f} {times[1]:7.1f}")
+        print(f"{warps:5d} {hid_h:12d} {s.hid_s:13d} " + " ".join(f"{t:7.1f}" for t in times))
 
 
 if __name__ == "__main__":

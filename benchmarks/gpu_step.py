@@ -19,7 +19,20 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the project, when run from a checkout
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gpu_common import LR, REG, C, D, fused_step, inputs, model_gemms, our_step, report, reported, time_ms
+from gpu_common import (
+    LR,
+    PIXEL_LEVELS,
+    REG,
+    C,
+    D,
+    fused_step,
+    inputs,
+    model_gemms,
+    our_step,
+    report,
+    reported,
+    time_ms,
+)
 
 HIDDEN = (512, 1024, 2048, 4096)
 BATCH = 3200
@@ -78,8 +91,13 @@ def torch_steps(H: int, xh, yh, tf32: bool, compile_: bool) -> dict[str, float]:
 
 
 # Our step's GEMM modes per process: CuPy reads CUPY_TF32 once, so TF32 runs in a process of its own
-# (its PyTorch rows too). "FP32 3xTF32" is float32 accuracy on tensor cores (trainer/steps.py).
-VARIANTS = {"fp32": {"FP32": "sgemm", "FP32 3xTF32": "tf32x3"}, "tf32": {"TF32": "tf32"}}
+# (its PyTorch rows too). label: (gemm, x_levels). "FP32 3xTF32" and "FP32 2xTF32" are float32
+# accuracy on tensor cores (tf32x3, trainer/steps.py): three products for inputs of any value, two
+# with X as its pixels' integer levels, as the trainer runs it (the inputs are pixels either way).
+VARIANTS = {
+    "fp32": {"FP32": ("sgemm", None), "FP32 3xTF32": ("tf32x3", None), "FP32 2xTF32": ("tf32x3", PIXEL_LEVELS)},
+    "tf32": {"TF32": ("tf32", None)},
+}
 
 
 def measure(mode: str, compile_: bool) -> list[dict]:
@@ -87,8 +105,8 @@ def measure(mode: str, compile_: bool) -> list[dict]:
 
     xh, yh = inputs(BATCH)
     x, y = cp.asarray(xh), cp.asarray(yh)
-    for label, gemm in VARIANTS[mode].items():
-        for name, ms in breakdown(2048, gemm).items():
+    for label, (gemm, levels) in VARIANTS[mode].items():
+        for name, ms in breakdown(2048, gemm, levels).items():
             print(f"breakdown {label:12s} H=2048 {name:34s} {ms * 1e3:8.1f} us", file=sys.stderr)
     rows = []
     for H in HIDDEN:
@@ -97,13 +115,13 @@ def measure(mode: str, compile_: bool) -> list[dict]:
             "model GEMMs": time_ms(model_gemms(H, x)),
             **torch_steps(H, xh, yh, mode == "tf32", compile_),
         }
-        for label, gemm in VARIANTS[mode].items():
-            step = fused_step(H, gemm, x, y)
+        for label, (gemm, levels) in VARIANTS[mode].items():
+            step = fused_step(H, gemm, x, y, x_levels=levels)
             rows.append(
                 {
                     "H": H,
                     "mode": label,
-                    "ours fused": time_ms(our_step("fused", H, x, y, gemm=gemm)),
+                    "ours fused": time_ms(our_step("fused", H, x, y, gemm=gemm, x_levels=levels)),
                     "its GEMMs": time_ms(lambda s=step: (s.z1_gemm(x), s.dw1_gemm(x))),
                     **common,
                 }
@@ -111,22 +129,22 @@ def measure(mode: str, compile_: bool) -> list[dict]:
     return rows
 
 
-def breakdown(H: int, gemm: str) -> dict[str, float]:
+def breakdown(H: int, gemm: str, x_levels: int | None) -> dict[str, float]:
     """GPU time of each launch of our fused step, each timed alone (H, B=3200)."""
     import cupy as cp
 
     xh, yh = inputs(BATCH)
     x, y = cp.asarray(xh), cp.asarray(yh)
-    s = fused_step(H, gemm, x, y)
+    s = fused_step(H, gemm, x, y, x_levels=x_levels)
     loss = cp.zeros(1, dtype=cp.float32)
-    ops = {"prepare X (X^T" + ("; TF32 parts)" if s.split else ")"): lambda: s.prepare_x(x)} if s.transposed else {}
-    ops[("GEMM z1^T = W1 X^T" if s.transposed else "GEMM z1 = X W1^T") + (" (3 products)" if s.split else "")] = (
-        lambda: s.z1_gemm(x)
-    )
+    products = f" ({s.blocks} products)" if s.split else ""
+    parts = "; levels" if s.levels else "; TF32 parts"
+    ops = {"prepare X (X^T" + (parts if s.split else "") + ")": lambda: s.prepare_x(x)} if s.transposed else {}
+    ops[("GEMM z1^T = W1 X^T" if s.transposed else "GEMM z1 = X W1^T") + products] = lambda: s.z1_gemm(x)
     ops["output layer (sigmoid..softmax, loss)"] = lambda: s.output_layer(y)
     # Over z1 in place: its values change from the second call on, its time does not.
     ops["hidden gradient (dz1, dW2, db1, db2)"] = lambda: s.hidden_gradient(BATCH, 1 / BATCH)
-    ops["GEMM dW1 = dz1^T X" + (" (3 products)" if s.split else "")] = lambda: s.dw1_gemm(x)
+    ops["GEMM dW1 = dz1^T X" + products] = lambda: s.dw1_gemm(x)
     ops["SGD + L2 update (+ penalty" + (", W1 split)" if s.split else ")")] = lambda: s.update(LR, REG, 1 / BATCH, loss)
     ops["whole step"] = lambda: (s.forward(x, y), s.backward(x, y, 1 / BATCH), s.update(LR, REG, 1 / BATCH, loss))
     return {name: time_ms(op) for name, op in ops.items()}

@@ -24,7 +24,7 @@ for dtype in float32 float64; do
       mlflow.experiment=gpu-check "mlflow.run_name='$dtype lr=$1 epochs=$2 nproc=1'" | tail -n 12
   done
 done
-# The same check with the float32 GEMMs on the CUDA cores (SGEMM) instead of three TF32 products.
+# The same check with the float32 GEMMs on the CUDA cores (SGEMM) instead of TF32 products.
 python3 -m trainer device=gpu dtype=float32 fp32_gemm=sgemm lr=1e-4 epochs=1 data.dir=$DATA data.n_train=38400 \
   mlflow.experiment=gpu-check "mlflow.run_name='float32 sgemm lr=1e-4 epochs=1 nproc=1'" | tail -n 12
 python3 -m trainer device=gpu nproc=2 dtype=float32 lr=1e-4 epochs=1 data.dir=$DATA data.n_train=38400 \
@@ -36,9 +36,10 @@ python3 - <<'PY' | tee "$OUT/weight_errors.txt"
 from mlflow.tracking import MlflowClient
 c = MlflowClient()
 exp = c.get_experiment_by_name("gpu-check")
-print(f"{'run':42s} {'gemm':7s} {'max rel err':>12s} {'precision':>9s} {'batch ms':>9s} {'TFLOP/s':>8s}")
+print(f"{'run':42s} {'gemm/products':13s} {'max rel err':>12s} {'precision':>9s} {'batch ms':>9s} {'TFLOP/s':>8s}")
 for r in sorted(c.search_runs([exp.experiment_id]), key=lambda r: r.info.start_time):
-    m = r.data.metrics
-    print(f"{r.info.run_name:42s} {r.data.tags.get('sweepscale.gemm', '-'):7s} {m['check/weight_rel_error/max']:12.3e} {m['test/precision']:9.4f} "
+    m, t = r.data.metrics, r.data.tags
+    gemm = f"{t.get('sweepscale.gemm', '-')}/{t.get('sweepscale.gemm_products', '-')}"
+    print(f"{r.info.run_name:42s} {gemm:13s} {m['check/weight_rel_error/max']:12.3e} {m['test/precision']:9.4f} "
           f"{m['time/batch_ms']:9.3f} {m['perf/tflops']:8.2f}  {r.data.tags['sweepscale.device_name']}")
 PY

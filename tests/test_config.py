@@ -8,6 +8,7 @@ from hydra.errors import ConfigCompositionException
 from tests.conftest import compose
 from trainer.config import ConfigError, config_hash, validate
 from trainer.run import gemm_mode, overlap_wanted, window_wanted
+from trainer.steps import gemm_products
 
 
 def test_defaults_and_overrides():
@@ -119,3 +120,19 @@ def test_config_hash_ignores_where_it_is_recorded():
 def test_tf32_needs_float32():
     with pytest.raises(ConfigError, match=r"tf32=true needs dtype=float32"):
         validate(compose(["tf32=true", "dtype=float64"]))
+
+
+@pytest.mark.parametrize(
+    ("overrides", "x_levels", "products"),
+    [
+        ([], 255, 2),  # the default tf32x3 on the trainer's pixels: X exact in TF32
+        ([], None, 3),  # inputs with no promise: X split too
+        ([], 4096, 3),  # levels past TF32's 11 bits are not exact
+        (["fp32_gemm=sgemm"], 255, 1),
+        (["tf32=true"], 255, 1),
+        (["dtype=float64"], 255, 1),
+    ],
+)
+def test_gemm_products(overrides, x_levels, products):
+    cfg = compose(overrides)
+    assert gemm_products(gemm_mode(cfg), cfg.dtype.value, x_levels) == products

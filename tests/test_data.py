@@ -24,6 +24,18 @@ def test_idx_round_trip_scaled_to_unit_interval(tmp_path: Path, gz: bool):
     np.testing.assert_array_equal(ds.y_test, ref.y_test[:20])
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_pixels_are_integer_levels(idx_dir: Path, dtype: str):
+    """What the fused step's two-product tf32x3 GEMMs rely on (trainer/steps.py, x_levels):
+    every pixel is k / PIXEL_LEVELS, and k = rint(x PIXEL_LEVELS) gives the file's bytes back."""
+    raw = data.read_idx(data._find(idx_dir, data.FILES["train_images"]), data.IMAGES_MAGIC).reshape(-1, 784)
+    ds = data.load(str(idx_dir), None, None, dtype)
+    k = np.rint(ds.x_train * np.asarray(data.PIXEL_LEVELS, dtype=dtype))
+    np.testing.assert_array_equal(k, raw)
+    np.testing.assert_array_equal((k / np.asarray(data.PIXEL_LEVELS, dtype=dtype)).astype(dtype), ds.x_train)
+    assert k.max() < 2**11  # exact in TF32 (steps.TF32_EXACT_INTEGERS)
+
+
 def test_first_n_samples(idx_dir: Path):
     ds = data.load(str(idx_dir), 13, 0, "float32")
     assert len(ds.y_train) == 13 and len(ds.y_test) == 0 and ds.x_train.dtype == np.float32

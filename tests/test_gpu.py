@@ -56,9 +56,15 @@ def gpu_count() -> int:
 
 @pytest.mark.gpu
 @pytest.mark.parametrize(
-    ("dtype", "gemm", "tol"), [("float64", "sgemm", 1e-12), ("float32", "sgemm", 1e-5), ("float32", "tf32x3", 1e-5)]
+    ("dtype", "gemm", "x_levels", "tol"),
+    [
+        ("float64", "sgemm", None, 1e-12),
+        ("float32", "sgemm", None, 1e-5),
+        ("float32", "tf32x3", None, 1e-5),  # three products
+        ("float32", "tf32x3", data.PIXEL_LEVELS, 1e-5),  # two: X as its pixels' levels, as the trainer runs it
+    ],
 )
-def test_fused_step_matches_generic_step(dtype, gemm, tol):
+def test_fused_step_matches_generic_step(dtype, gemm, x_levels, tol):
     """The fused kernels compute the generic path's function: weights and losses, a last batch
     that fills neither a block of rows nor one of columns (H=300 > 256 threads)."""
     import cupy
@@ -73,7 +79,7 @@ def test_fused_step_matches_generic_step(dtype, gemm, tol):
         params = cupy.asarray(model.init_params(layout, 1, dtype))
         fit(
             cupy, layout, params, x, y, schedule, on_epoch=lambda e, out=losses: out.append(e.losses),
-            step_kind=kind, gemm=gemm,
+            step_kind=kind, gemm=gemm, x_levels=x_levels,
         )  # fmt: skip
         results[kind] = (params.get(), np.concatenate(losses))
     (pg, lg), (pf, lf) = results["generic"], results["fused"]
@@ -103,6 +109,7 @@ def test_overlapped_step_matches_serial_step(dtype, gemm, tol):
         fit(
             cupy, layout, params, x, y, schedule, allreduce=parallel.NcclAllreduce(world, dtype),
             on_epoch=lambda e, out=losses: out.append(e.losses), step_kind="fused", gemm=gemm, overlap=overlap,
+            x_levels=data.PIXEL_LEVELS,
         )  # fmt: skip
         results[overlap] = (params.get(), np.concatenate(losses))
     (ps, ls), (po, lo) = results[False], results[True]
@@ -114,7 +121,8 @@ def test_overlapped_step_matches_serial_step(dtype, gemm, tol):
 def test_tf32x3_keeps_float32_accuracy():
     """One batch's loss gradient against float64: three TF32 products stay within a few times
     SGEMM's error (4.4-5.3x on an H100; the weights trained on full MNIST are as close to the
-    CPU's as SGEMM's: BENCHMARKS.md), plain TF32 is orders of magnitude off."""
+    CPU's as SGEMM's: BENCHMARKS.md), and so do two with X as its pixels' integer levels (exact in
+    TF32); plain TF32 is orders of magnitude off."""
     import cupy
 
     ds = data.load(None, 1000, None, "float64")
@@ -123,15 +131,23 @@ def test_tf32x3_keeps_float32_accuracy():
     truth = model.gradient(layout.views(init), layout, ds.x_train, ds.y_train, reg=0.0)
     x32, y = cupy.asarray(ds.x_train.astype(np.float32)), cupy.asarray(ds.y_train)
     errors = {}
-    for gemm in ("sgemm", "tf32x3", "tf32"):
+    for name, gemm, x_levels in (
+        ("sgemm", "sgemm", None),
+        ("tf32x3", "tf32x3", None),
+        ("tf32x2", "tf32x3", data.PIXEL_LEVELS),
+        ("tf32", "tf32", None),
+    ):
         params = cupy.asarray(init.astype(np.float32))
         gbuf = cupy.zeros(layout.size + 1, dtype=np.float32)
-        step = make_step("fused", cupy, layout, params, gbuf, len(y), gemm)
+        step = make_step("fused", cupy, layout, params, gbuf, len(y), gemm, x_levels=x_levels)
+        assert step.blocks == {"tf32x3": 3, "tf32x2": 2}.get(name, 1)
         step.forward(x32, y)
         step.backward(x32, y, 1 / len(y))
-        errors[gemm] = np.linalg.norm(gbuf[:-1].get() - truth) / np.linalg.norm(truth)
+        errors[name] = np.linalg.norm(gbuf[:-1].get() - truth) / np.linalg.norm(truth)
+    print(errors)
     assert errors["sgemm"] < 1e-5, errors
     assert errors["tf32x3"] < 8 * errors["sgemm"], errors
+    assert errors["tf32x2"] < 8 * errors["sgemm"], errors
     assert errors["tf32"] > 30 * errors["tf32x3"], errors
 
 
@@ -140,27 +156,29 @@ def test_tf32_run_stays_close_to_float32(idx_dir, mlflow_uri, tmp_path):
     result = trainer([*COMMON[1:], "device=gpu", "tf32=true", f"data.dir={idx_dir}"], tmp_path)
     assert result.returncode == 0, result.stderr
     _, run = only_run(mlflow_uri)
-    assert run.data.tags["sweepscale.gemm"] == "tf32"
+    assert run.data.tags["sweepscale.gemm"] == "tf32" and run.data.tags["sweepscale.gemm_products"] == "1"
     assert run.data.metrics[metrics.weight_error("max")] < 1e-2  # TF32 GEMMs: ~1e-3 relative per product
 
 
 @pytest.mark.gpu
 @pytest.mark.mpi
 @pytest.mark.parametrize(
-    ("overlap", "extra", "tol", "overlapped", "window"),
+    ("overlap", "extra", "tol", "overlapped", "window", "products"),
     [
-        ("never", [], 1e-12, False, "symmetric"),  # float64: NCCL's regular kernels on the window's buffer
-        ("always", [], 1e-12, True, "off"),  # DGEMM, like SGEMM: sums beside the GEMMs, no window (auto)
-        ("always", ["hidden=1"], 1e-12, True, "off"),  # W1's second half has no rows: only b1, W2, b2, loss
-        ("always", ["dtype=float32", "fp32_gemm=tf32x3", "hidden=300"], 1e-5, True, "symmetric"),
+        ("never", [], 1e-12, False, "symmetric", 1),  # float64: NCCL's regular kernels on the window's buffer
+        ("always", [], 1e-12, True, "off", 1),  # DGEMM, like SGEMM: sums beside the GEMMs, no window (auto)
+        ("always", ["hidden=1"], 1e-12, True, "off", 1),  # W1's second half has no rows: only b1, W2, b2, loss
+        ("always", ["dtype=float32", "fp32_gemm=tf32x3", "hidden=300"], 1e-5, True, "symmetric", 2),
         # overlap=auto: on where it was measured to pay, not with the default tf32x3. At H=2048 in
         # float32 lr=0.3 amplifies rounding to 1e-3 in two epochs (with or without overlap): lr=0.01.
-        ("auto", ["dtype=float32", "fp32_gemm=sgemm", "hidden=2048", "lr=0.01"], 1e-5, True, "off"),
-        ("auto", ["dtype=float32", "hidden=2048", "lr=0.01"], 1e-5, False, "symmetric"),
-        ("never", ["dtype=float32", "tf32=true", "nccl_window=never"], 1e-2, False, "off"),
+        ("auto", ["dtype=float32", "fp32_gemm=sgemm", "hidden=2048", "lr=0.01"], 1e-5, True, "off", 1),
+        ("auto", ["dtype=float32", "hidden=2048", "lr=0.01"], 1e-5, False, "symmetric", 2),  # the pixels: 2 products
+        ("never", ["dtype=float32", "tf32=true", "nccl_window=never"], 1e-2, False, "off", 1),
     ],
 )
-def test_nccl_allreduce_matches_reference(overlap, extra, tol, overlapped, window, idx_dir, mlflow_uri, tmp_path):
+def test_nccl_allreduce_matches_reference(
+    overlap, extra, tol, overlapped, window, products, idx_dir, mlflow_uri, tmp_path
+):
     """2 ranks with NCCL against the sequential CPU reference, with the all-reduce after the
     backward pass and overlapped with the compute, in NCCL's symmetric window or not. 57 samples
     in batches of 7 end with a batch of 1: a rank without rows must still join both halves' sums."""
@@ -173,5 +191,6 @@ def test_nccl_allreduce_matches_reference(overlap, extra, tol, overlapped, windo
     assert run.data.tags["sweepscale.comm"] == "NcclAllreduce"
     assert run.data.tags["sweepscale.overlap"] == str(overlapped).lower()
     assert run.data.tags["sweepscale.nccl_window"] == window
+    assert run.data.tags["sweepscale.gemm_products"] == str(products)
     assert run.data.metrics[metrics.weight_error("max")] < tol
     assert (metrics.ALLREDUCE_GBPS in run.data.metrics) != overlapped  # overlapped, the phase is a wait

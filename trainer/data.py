@@ -21,6 +21,9 @@ IMAGES_MAGIC = 0x00000803
 LABELS_MAGIC = 0x00000801
 SIDE = 28
 N_CLASSES = 10
+# Pixels are bytes: load() gives k / PIXEL_LEVELS, k an integer in 0..255. The GPU's float32-accurate
+# tensor-core GEMMs rely on it (trainer/steps.py): k is exact in TF32, k / 255 is not.
+PIXEL_LEVELS = 255
 
 FILES = {
     "train_images": "train-images-idx3-ubyte",
@@ -176,6 +179,6 @@ def load(data_dir: str | None, n_train: int | None, n_test: int | None, dtype: s
     ne = len(ds.y_test) if n_test is None else n_test
 
     def scale(a: np.ndarray) -> np.ndarray:
-        return a.astype(dtype) / np.asarray(255, dtype=dtype)
+        return a.astype(dtype) / np.asarray(PIXEL_LEVELS, dtype=dtype)
 
     return Dataset(scale(ds.x_train[:nt]), ds.y_train[:nt], scale(ds.x_test[:ne]), ds.y_test[:ne], source=ds.source)

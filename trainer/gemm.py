@@ -47,15 +47,17 @@ class Gemm:
         self.handle = _cublas_handle(tensor_cores and np.dtype(dtype) == np.float32)
         self.op = {False: cublas.CUBLAS_OP_N, True: cublas.CUBLAS_OP_T}
         self.fn = cublas.sgemm if np.dtype(dtype) == np.float32 else cublas.dgemm
-        self.one, self.zero = np.ones(1, dtype=dtype), np.zeros(1, dtype=dtype)
+        self.alpha, self.zero = np.ones(1, dtype=dtype), np.zeros(1, dtype=dtype)
 
-    def __call__(self, a: Any, b: Any, out: Any, ta: bool = False, tb: bool = False) -> None:
-        """a, b and out: rows contiguous (a column slice of a C-contiguous array is fine)."""
+    def __call__(self, a: Any, b: Any, out: Any, ta: bool = False, tb: bool = False, alpha: float = 1) -> None:
+        """out = alpha op(a) @ op(b); a, b and out: rows contiguous (a column slice of a
+        C-contiguous array is fine)."""
         m, n = out.shape
         k = a.shape[0] if ta else a.shape[1]
         op = self.op
+        self.alpha[0] = alpha  # read by cuBLAS during the call (host pointer mode), not at the launch
         self.cublas.setStream(self.handle, self.cupy.cuda.get_current_stream().ptr)
         self.fn(
-            self.handle, op[tb], op[ta], n, m, k, self.one.ctypes.data, b.data.ptr, _leading(b),
+            self.handle, op[tb], op[ta], n, m, k, self.alpha.ctypes.data, b.data.ptr, _leading(b),
             a.data.ptr, _leading(a), self.zero.ctypes.data, out.data.ptr, _leading(out),
         )  # fmt: skip

@@ -111,6 +111,7 @@ def fit(
     step_kind: str = "generic",
     gemm: str = "sgemm",
     overlap: bool = False,
+    x_levels: int | None = None,
 ) -> Any:
     """Train ``params`` (a flat xp array, updated in place) and return it.
 
@@ -118,11 +119,12 @@ def fit(
     copied to the device one slice per batch (the "h2d" phase). Every rank runs this with the
     same params and schedule; ``allreduce`` sums the flat gradient buffer over the ranks.
     ``step_kind`` picks the implementation of the step and ``gemm`` how its float32 GEMMs run
-    (trainer/steps.py); ``overlap`` hides an NCCL all-reduce behind the fused step's compute.
+    (trainer/steps.py); ``overlap`` hides an NCCL all-reduce behind the fused step's compute;
+    ``x_levels`` promises that x is k / x_levels with k an integer (trainer/steps.py make_step).
     """
     gbuf = gradient_buffer(allreduce, xp, layout.size + 1, params.dtype)  # gradient, then summed cross-entropy
     max_rows = -(-schedule.batch_size // size)
-    step = make_step(step_kind, xp, layout, params, gbuf, max_rows, gemm, allreduce, overlap)
+    step = make_step(step_kind, xp, layout, params, gbuf, max_rows, gemm, allreduce, overlap, x_levels)
     n = len(y)
     n_batches = -(-n // schedule.batch_size)
     iteration = 0

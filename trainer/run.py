@@ -21,7 +21,7 @@ from trainer.backend import Backend, gpu_count, select
 from trainer.clock import PhaseClock
 from trainer.config import ConfigError, NcclWindow, Overlap, config_hash, validate
 from trainer.loop import STEP_PHASES, EpochResult, Schedule, fit
-from trainer.steps import sums_beside_gemm
+from trainer.steps import gemm_products, sums_beside_gemm
 
 
 class Terminated(BaseException):
@@ -161,7 +161,14 @@ def train_on_rank(
     if recorder is not None:
         recorder.set_tags({"sweepscale.comm": type(allreduce).__name__, "sweepscale.step": step})
         if step == "fused":
-            recorder.set_tags({"sweepscale.gemm": gemm_mode(cfg), "sweepscale.overlap": str(overlap).lower()})
+            products = gemm_products(gemm_mode(cfg), params.dtype, data_mod.PIXEL_LEVELS)
+            recorder.set_tags(
+                {
+                    "sweepscale.gemm": gemm_mode(cfg),
+                    "sweepscale.gemm_products": str(products),
+                    "sweepscale.overlap": str(overlap).lower(),
+                }
+            )
 
     def on_epoch(e: EpochResult) -> None:
         if recorder is None:
@@ -182,7 +189,7 @@ def train_on_rank(
     fault = cfg.fault.iteration if cfg.fault.rank == world.rank else None
     fit(
         xp, layout, params, x_train, y_train, schedule, world.rank, world.size, allreduce, clock, on_epoch, fault,
-        step_kind=cfg.step.value, gemm=gemm_mode(cfg), overlap=overlap,
+        step_kind=cfg.step.value, gemm=gemm_mode(cfg), overlap=overlap, x_levels=data_mod.PIXEL_LEVELS,
     )  # fmt: skip
     if recorder is None:
         return

@@ -31,6 +31,11 @@ In float32 the large GEMMs run one of three ways (``gemm``):
   summed apart from the large ones: with the three parts of a sample side by side, the K-major
   dW1 gradient's error against float64 was 10x SGEMM's, in blocks it is 4-5x
   (test_tf32x3_keeps_float32_accuracy; the trained weights' error equals SGEMM's, BENCHMARKS.md).
+  Two products are enough when X is exact in TF32: the trainer's pixels are k / 255 with k a
+  byte (``x_levels=255``, trainer/data.py), and an integer below 2^11 is a TF32 value. The
+  GEMMs then multiply k itself, [W1_lo | W1_hi] against [k | k] and [dz1_lo | dz1_hi] against
+  [k | k] (K = 2D and 2n), and scale by 1/255 through cuBLAS's alpha: a third less tensor-core
+  work, and X's and dz1's third parts are never written.
 
 With NCCL the fused step can hide the all-reduce behind its own compute (``overlap``): W1's rows
 are taken in two halves. With SGEMM the sum of the first half's dW1 runs on a side stream while
@@ -56,6 +61,7 @@ from trainer import model
 from trainer.gemm import Gemm
 
 TENSOR_CORE_GEMMS = ("tf32", "tf32x3")  # the float32 GEMM modes (``gemm``) on tensor cores
+TF32_EXACT_INTEGERS = 2**11  # TF32 holds every integer up to this one (11 significant bits)
 
 
 class GenericStep:
@@ -108,53 +114,54 @@ __device__ inline double tf32(double x) { return x; }  // float64 is never split
 
 __device__ inline T sigmoid(T z) { return (T)1 / ((T)1 + exp(-z)); }  // __expf: 4% faster, less exact
 
-// Write v as TF32 parts into three places d apart (a row's d-wide thirds, or three column
-// blocks of xt): hi, and lo in place lo_at.
-__device__ inline void put_split(T* row3, const int d, const int j, const T v, const int lo_at) {
+// v into `parts` places `stride` apart. One part: v itself. Several: v's TF32 parts, hi = v
+// rounded to TF32 in every place but lo_at, which gets lo = v - hi rounded (lo_at < 0: hi in
+// all, for v an integer level that TF32 holds exactly: hi = v).
+__device__ inline void put_parts(T* at, const long long stride, const int parts, const T v, const int lo_at) {
+    if (parts == 1) {
+        at[0] = v;
+        return;
+    }
     const T hi = tf32(v), lo = tf32(v - hi);
-    row3[j] = lo_at == 0 ? lo : hi;
-    row3[d + j] = lo_at == 1 ? lo : hi;
-    row3[2 * d + j] = lo_at == 2 ? lo : hi;
+    for (int p = 0; p < parts; ++p) at[p * stride] = p == lo_at ? lo : hi;
 }
 
-extern "C" __global__ void split_tf32(const T* x, const int rows, const int d, const int lo_at, T* out) {
-    // out (rows x 3d) <- each row of x (rows x d) as TF32 parts: [lo | hi | hi] (lo_at=0) or [hi | lo | hi] (1).
+extern "C" __global__ void split_tf32(const T* x, const int rows, const int d, const int parts, const int lo_at,
+                                      T* out) {
+    // out (rows x parts d) <- each row of x (rows x d) as its TF32 parts, side by side (put_parts).
     const long long total = (long long)rows * d;
     for (long long k = blockIdx.x * (long long)blockDim.x + threadIdx.x; k < total;
          k += (long long)gridDim.x * blockDim.x) {
-        const long long r = k / d;
-        put_split(out + r * 3 * d, d, (int)(k - r * d), x[k], lo_at);
+        const long long r = k / d, j = k - r * d;
+        put_parts(out + r * parts * d + j, d, parts, x[k], lo_at);
     }
 }
 
-extern "C" __global__ void prepare_x(const T* __restrict__ x, const int n, const int d, const int split,
-                                     T* __restrict__ xcat, T* __restrict__ xt, const int ld, const int part) {
+extern "C" __global__ void prepare_x(const T* __restrict__ x, const int n, const int d, const int parts,
+                                     const T levels, T* __restrict__ xcat, T* __restrict__ xt, const int ld,
+                                     const int part) {
     // The batch's X (n x d) as the GEMMs read it: X^T into xt (row stride ld) for dW1, whose
-    // operands must both be K-major: xt[c, r] = X[r, c]; if split, X's TF32 parts into xcat
-    // (n x 3d) as [lo | hi | hi] for z1, and into xt in three column blocks: lo at r, hi at
-    // part + r and at 2 part + r. The grid covers the rows to a multiple of 32; rows past n get
-    // zeros. Block: 32 x 8 threads, a 32 x 32 tile through shared memory (reads and writes coalesced).
+    // operands must both be K-major: xt[c, r] = X[r, c]. With parts > 1 (float32 accuracy on
+    // tensor cores), each value as `parts` TF32 values, into xcat (n x parts d, side by side) for
+    // z1 and into xt in column blocks `part` apart: if levels > 0, X's pixels are k / levels with
+    // k an integer, exact in TF32, so k in every place; else [lo | hi | hi]. The grid covers the
+    // rows to a multiple of 32; rows past n get zeros. Block: 32 x 8 threads, a 32 x 32 tile
+    // through shared memory (reads and writes coalesced).
     __shared__ T tile[32][33];
-    const int c0 = blockIdx.x * 32, r0 = blockIdx.y * 32, tx = threadIdx.x;
+    const int c0 = blockIdx.x * 32, r0 = blockIdx.y * 32, tx = threadIdx.x, lo_at = levels > 0 ? -1 : 0;
     for (int i = threadIdx.y; i < 32; i += 8) {
         const int r = r0 + i, c = c0 + tx;
         T v = 0;
         if (r < n && c < d) {
             v = x[(long long)r * d + c];
-            if (split) put_split(xcat + (long long)r * 3 * d, d, c, v, 0);
+            if (levels > 0) v = rint(v * levels);
+            if (parts > 1) put_parts(xcat + (long long)r * parts * d + c, d, parts, v, lo_at);
         }
         tile[i][tx] = v;
     }
     __syncthreads();
-    for (int i = threadIdx.y; i < 32 && c0 + i < d; i += 8) {
-        const T v = tile[tx][i];  // X[r0 + tx, c0 + i]
-        T* out = xt + (long long)(c0 + i) * ld + r0 + tx;
-        if (split) {
-            put_split(out, part, 0, v, 0);  // lo, hi, hi
-        } else {
-            out[0] = v;
-        }
-    }
+    for (int i = threadIdx.y; i < 32 && c0 + i < d; i += 8)  // X[r0 + tx, c0 + i]
+        put_parts(xt + (long long)(c0 + i) * ld + r0 + tx, part, parts, tile[tx][i], lo_at);
 }
 
 extern "C" __global__ void output_layer_rows(const T* __restrict__ z1, const T* __restrict__ hw,
@@ -322,13 +329,15 @@ output_layer_t(const T* __restrict__ zt, const int ld, const T* __restrict__ hw,
 
 extern "C" __global__ void __launch_bounds__(32 * HID_WARPS, HID_MIN_BLOCKS)
 hidden_grad_t(T* zt, const int ld, const T* __restrict__ hw, const T* __restrict__ et, const int estride,
-              const int n, const int H, const T scale, const int split, const int part, T* gb1, T* gW2, T* gb2) {
+              const int n, const int H, const T scale, const int parts, const int lo_at, const int part, T* gb1,
+              T* gW2, T* gb2) {
     // Block (32 x HID_WARPS threads): the HID_S samples (a multiple of 32 VEC) from s0 = blockIdx.y
     // HID_S (lane l: VEC at a time, read and written as one V) of the hidden units [h0, h0 +
     // HID_H), h0 = blockIdx.x HID_H (warp w: every HID_WARPS-th from h0 + w). With a =
     // sigmoid(z1 + b1) from z1^T in zt (row stride ld): dz1 = scale (e W2) a (1 - a), written
-    // over z1^T for samples r < part (zeros from n on); if split, as TF32 parts: hi in place, lo at
-    // column part + r, hi again at 2 part + r (dW1's K-major operand). Each warp adds its sums over
+    // over z1^T for samples r < part (zeros from n on); with parts > 1, as that many TF32 parts in
+    // column blocks `part` apart, lo in block lo_at and hi in the others (dW1's K-major operand,
+    // put_parts). Each warp adds its sums over
     // its samples to the gradient (zeroed by the caller): db1 += sum dz1, dW2 += scale e^T a, and
     // the blocks of the first hidden units db2 += scale sum e.
     __shared__ __align__(16) T es[C][HID_S];  // e^T of the block's samples, zeros past n
@@ -390,14 +399,12 @@ hidden_grad_t(T* zt, const int ld, const T* __restrict__ hw, const T* __restrict
                 d[i] = scale * da[i] * a[i] * ((T)1 - a[i]);
                 db += d[i];
             }
-            if (split) {
+            if (parts > 1) {
                 V hv, lv;
                 T *hi = reinterpret_cast<T*>(&hv), *lo = reinterpret_cast<T*>(&lv);
 #pragma unroll
                 for (int i = 0; i < VEC; ++i) { hi[i] = tf32(d[i]); lo[i] = tf32(d[i] - hi[i]); }
-                *reinterpret_cast<V*>(out) = hv;
-                *reinterpret_cast<V*>(out + part) = lv;
-                *reinterpret_cast<V*>(out + 2 * part) = hv;
+                for (int p = 0; p < parts; ++p) *reinterpret_cast<V*>(out + p * part) = p == lo_at ? lv : hv;
             } else {
                 *reinterpret_cast<V*>(out) = dv;
             }
@@ -418,12 +425,12 @@ hidden_grad_t(T* zt, const int ld, const T* __restrict__ hw, const T* __restrict
 extern "C" __global__ void sgd_update(T* p, const T* g, const long long begin, const long long end,
                                       const long long w1_end, const long long w2_begin, const long long w2_end,
                                       const T lr, const T reg, const T* ce_sum, const T inv_batch, T* loss_out,
-                                      const int split, const int D, T* w1cat, T* hw) {
+                                      const int parts, const int lo_at, const int D, T* w1cat, T* hw) {
     // p[k] <- p[k] - lr (g[k] + reg W) for k in [begin, end) (biases: no reg). loss_out[0] +=
     // reg/2 ||W||^2 over these weights before the update, and inv_batch * ce_sum[0] unless ce_sum
     // is null; loss_out must start at 0. The new b1 and W2 also go into hw (H x HW) for
-    // output_layer; if split, the new W1 into w1cat (H x 3D) as [hi | lo | hi] for the next
-    // forward's tf32x3 GEMM.
+    // output_layer; with parts > 1, the new W1 into w1cat (H x parts D) as its TF32 parts, lo in
+    // block lo_at (put_parts), for the next forward's tf32x3 GEMM.
     T pen = 0;
     for (long long k = begin + blockIdx.x * (long long)blockDim.x + threadIdx.x; k < end;
          k += (long long)gridDim.x * blockDim.x) {
@@ -432,9 +439,9 @@ extern "C" __global__ void sgd_update(T* p, const T* g, const long long begin, c
         if (k < w1_end || (k >= w2_begin && k < w2_end)) { pen += w * w; gk += reg * w; }
         const T v = w - lr * gk;
         p[k] = v;
-        if (split && k < w1_end) {
+        if (parts > 1 && k < w1_end) {
             const long long row = k / D;
-            put_split(w1cat + row * 3 * D, D, (int)(k - row * D), v, 1);
+            put_parts(w1cat + row * parts * D + (k - row * D), D, parts, v, lo_at);
         } else if (k >= w1_end && k < w2_end) {  // b1 (H values) or W2 (C x H)
             const long long H = w2_begin - w1_end, j = k - w1_end, c = j / H - 1, h = j - (c + 1) * H;
             hw[h * HW + (c < 0 ? C : c)] = v;
@@ -479,6 +486,7 @@ class FusedStep:
         gemm: str,
         allreduce: Any = None,
         overlap: bool = False,
+        x_levels: int | None = None,
     ) -> None:
         import cupy as cp
 
@@ -487,6 +495,12 @@ class FusedStep:
         self.params = params
         dtype = np.dtype(params.dtype)
         self.split = gemm == "tf32x3" and dtype == np.float32
+        # TF32 parts per value of the GEMMs' operands (gemm_products): 1 (not split), 3, or 2 with X
+        # as its pixels' integer levels (prepare_x: levels > 0). W1's and dz1's lo part in block
+        # w_lo_at: [hi | lo | hi] against X's [lo | hi | hi], or [lo | hi] against [k | k].
+        self.blocks = gemm_products(gemm, dtype, x_levels)
+        self.levels = dtype.type(x_levels if self.blocks == 2 else 0)
+        self.w_lo_at = 1 if self.blocks == 3 else 0
         ctype, vtype = {np.dtype(np.float32): ("float", "float4"), np.dtype(np.float64): ("double", "double2")}[dtype]
         vec = 16 // dtype.itemsize
         hw_len = -(-(layout.C + 1) // vec) * vec
@@ -502,6 +516,7 @@ class FusedStep:
         names += ("sgd_update",)
         self._kernel = {name: module.get_function(name) for name in names}
         self.gemm = Gemm(dtype, tensor_cores=gemm in TENSOR_CORE_GEMMS)
+        self.alpha = 1 / self.levels if self.levels else 1  # the GEMMs' scale, with X as its levels
         D, H, C = layout.D, layout.H, layout.C
         # Row h: W2[:, h], b1[h], zeros; kept by update(). The kernels read each row in 16-byte loads.
         self.hw = cp.zeros((H, hw_len), dtype=dtype)
@@ -522,7 +537,6 @@ class FusedStep:
         # overlapped SGEMM step at 4 GPUs took 0.675 ms instead of 0.619 (0.616 at best, tuned;
         # BENCHMARKS.md).
         self.transposed = gemm in TENSOR_CORE_GEMMS and dtype == np.float32
-        self.blocks = 3 if self.split else 1
         if self.transposed:
             self.ld = self.blocks * self.padded(max_rows)
             self.z = cp.zeros((H, self.ld), dtype=dtype)  # z1^T, then dz1^T
@@ -533,9 +547,9 @@ class FusedStep:
             self.e = cp.empty((max_rows, C), dtype=dtype)  # softmax(z2) - onehot(y)
         if self.split:
             # The GEMMs' operands as TF32 parts. In z1's, small products first (summed first, they lose less).
-            self.xcat = cp.empty((max_rows, 3 * D), dtype=dtype)  # [X_lo | X_hi | X_hi]
-            self.w1cat = cp.empty((H, 3 * D), dtype=dtype)  # [W1_hi | W1_lo | W1_hi], kept by update()
-            self._split(self.p.W1, self.w1cat, lo_at=1)
+            self.xcat = cp.empty((max_rows, self.blocks * D), dtype=dtype)  # [X_lo | X_hi | X_hi] or [k | k]
+            self.w1cat = cp.empty((H, self.blocks * D), dtype=dtype)  # [W1_hi | W1_lo | W1_hi] or [W1_lo | W1_hi]
+            self._split(self.p.W1, self.w1cat)  # kept by update()
         else:
             self.xcat = self.w1cat = cp.empty(1, dtype=dtype)  # unused kernel arguments
         # The all-reduce, and with overlap W1's rows in two parts, each summed as soon as its dW1 is
@@ -571,10 +585,11 @@ class FusedStep:
         ranges = [(0, self.cut), (self.cut, layout.size)] if self.overlap else [(0, layout.size)]
         self.update_ranges = [(min(-(-(b - a) // self.THREADS), 8 * sm), np.int64(a), np.int64(b)) for a, b in ranges]
 
-    def _split(self, a: Any, out: Any, lo_at: int) -> None:
+    def _split(self, a: Any, out: Any) -> None:
         rows, d = a.shape
-        blocks = min(-(-a.size // self.THREADS), 1024)
-        self._kernel["split_tf32"]((blocks,), (self.THREADS,), (a, np.int32(rows), np.int32(d), np.int32(lo_at), out))
+        grid = min(-(-a.size // self.THREADS), 1024)
+        args = (a, np.int32(rows), np.int32(d), np.int32(self.blocks), np.int32(self.w_lo_at), out)
+        self._kernel["split_tf32"]((grid,), (self.THREADS,), args)
 
     @staticmethod
     def padded(n: int) -> int:
@@ -582,11 +597,12 @@ class FusedStep:
         return 32 * -(-n // 32)
 
     def prepare_x(self, x: Any) -> None:
-        """X^T into xt; split, also X's TF32 parts into xcat (for z1) and xt (for dW1)."""
+        """X^T into xt; split, X's TF32 parts (or its integer levels) into xcat (for z1) and xt (for dW1)."""
         (n, D), part = x.shape, self.padded(len(x))
         self._kernel["prepare_x"](
             (-(-D // 32), part // 32), (32, 8),
-            (x, np.int32(n), np.int32(D), np.int32(self.split), self.xcat, self.xt, np.int32(self.ld), np.int32(part)),
+            (x, np.int32(n), np.int32(D), np.int32(self.blocks), self.levels, self.xcat, self.xt, np.int32(self.ld),
+             np.int32(part)),
         )  # fmt: skip
 
     def forward(self, x: Any, y: Any) -> None:
@@ -646,7 +662,8 @@ class FusedStep:
             self._kernel["hidden_grad_t"](
                 (-(-H // self.HID_H), -(-part // self.hid_s)), (32, self.HID_WARPS),
                 (self.z, np.int32(self.ld), self.hw, self.e, np.int32(self.e.shape[1]), np.int32(n), np.int32(H),
-                 self.scalar(scale), np.int32(self.split), np.int32(part), g.b1, g.W2, g.b2),
+                 self.scalar(scale), np.int32(self.blocks), np.int32(self.w_lo_at), np.int32(part), g.b1, g.W2,
+                 g.b2),
             )  # fmt: skip
         else:
             self._kernel["hidden_grad_rows"](
@@ -657,24 +674,25 @@ class FusedStep:
 
     def z1_gemm(self, x: Any, part: int = 0) -> None:
         """z1 for the rows of W1 in ``part`` (all of them without overlap): z1^T = W1 X^T
-        (transposed; split: W1_hi X_lo^T + W1_lo X_hi^T + W1_hi X_hi^T, one GEMM with K = 3D) or
-        z1 = X W1^T."""
+        (transposed; split: W1_hi X_lo^T + W1_lo X_hi^T + W1_hi X_hi^T, one GEMM with K = 3D, or
+        with X's levels k (W1_lo k^T + W1_hi k^T) / 255, K = 2D) or z1 = X W1^T."""
         n = len(x)
         if self.transposed:
-            self.gemm(self.w1_part[part], self.xcat[:n] if self.split else x, self.z1_part[part][:, :n], tb=True)
+            xs = self.xcat[:n] if self.split else x
+            self.gemm(self.w1_part[part], xs, self.z1_part[part][:, :n], tb=True, alpha=self.alpha)
         else:
             self.gemm(x, self.w1_part[part], self.z1_part[part][:n], tb=True)
 
     def dw1_gemm(self, x: Any, part: int = 0) -> None:
         """dW1 = dz1^T X, the rows of dW1's ``part``-th GEMM (all of them, or with overlap and
         SGEMM W1's rows in that part). Transposed: dz1^T xt^T over the padded samples (zeros past
-        n); split, over three blocks of them, dz1_hi X_lo, dz1_lo X_hi and dz1_hi X_hi: the three
-        products summed in one pass."""
+        n); split, over three blocks of them, dz1_hi X_lo, dz1_lo X_hi and dz1_hi X_hi (or two,
+        dz1_lo k and dz1_hi k, scaled by 1/255): the products summed in one pass."""
         if not self.transposed:
             self.gemm(self.dz1_part[part][: len(x)], x, self.gw1_part[part], ta=True)
             return
         k = self.blocks * self.padded(len(x))
-        self.gemm(self.dz1_part[part][:, :k], self.xt[:, :k], self.gw1_part[part], tb=True)
+        self.gemm(self.dz1_part[part][:, :k], self.xt[:, :k], self.gw1_part[part], tb=True, alpha=self.alpha)
 
     def update(self, lr: float, reg: float, inv_batch: float, loss_out: Any) -> None:
         """SGD + L2 and loss_out[0] += the batch's loss. With overlap each part of the parameters
@@ -708,8 +726,16 @@ class FusedStep:
         self._kernel["sgd_update"](
             (blocks,), (self.THREADS,),
             (self.params, self.gbuf, begin, end, *self.bounds, s(lr), s(reg), ce_sum, s(inv_batch), loss_out,
-             np.int32(self.split), np.int32(self.layout.D), self.w1cat, self.hw),
+             np.int32(self.blocks), np.int32(self.w_lo_at), np.int32(self.layout.D), self.w1cat, self.hw),
         )  # fmt: skip
+
+
+def gemm_products(gemm: str, dtype: Any, x_levels: int | None) -> int:
+    """Products each of the fused step's large GEMMs sums (its operands' TF32 parts): 3 for tf32x3
+    in float32, 2 if x_levels says X is exact in TF32 as k = x_levels X, else 1."""
+    if gemm != "tf32x3" or np.dtype(dtype) != np.float32:
+        return 1
+    return 2 if x_levels is not None and 0 < x_levels <= TF32_EXACT_INTEGERS else 3
 
 
 def sums_beside_gemm(gemm: str) -> bool:
@@ -729,13 +755,16 @@ def make_step(
     gemm: str = "sgemm",
     allreduce: Any = None,
     overlap: bool = False,
+    x_levels: int | None = None,
 ) -> Any:
     """``kind``: generic, fused, or auto (fused with CuPy, generic with NumPy). ``gemm``: how the
     fused step's float32 GEMMs run (sgemm, tf32, tf32x3; see the module's docstring); float64
     ignores it. ``allreduce`` sums the gradient buffer over the ranks (None: one rank);
-    ``overlap``: the fused step hides an NCCL all-reduce behind its compute."""
+    ``overlap``: the fused step hides an NCCL all-reduce behind its compute. ``x_levels``: the
+    caller's promise that every input is k / x_levels with k an integer (trainer/data.py's
+    pixels), which lets tf32x3 use two products instead of three; None promises nothing."""
     if kind == "fused" or (kind == "auto" and xp is not np):
         if xp is np:
             raise ValueError("step=fused needs the GPU (CuPy); use step=generic or auto on the CPU")
-        return FusedStep(layout, params, gbuf, max_rows, gemm, allreduce, overlap)
+        return FusedStep(layout, params, gbuf, max_rows, gemm, allreduce, overlap, x_levels)
     return GenericStep(layout, params, gbuf, allreduce)
