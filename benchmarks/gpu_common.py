@@ -71,13 +71,16 @@ def our_step(
     gemm: str = "sgemm",
     overlap: bool = False,
     x_levels: int | None = PIXEL_LEVELS,
+    prepared: bool = True,
 ) -> Callable[[], None]:
     """One training step of ours on resident data (this rank's rows x, labels y), exactly as
     trainer/loop.py runs it; the gradient is normalised by the global batch (default: len(y)).
     ``gemm``: how the fused step's GEMMs run (sgemm, tf32, tf32x3); ``overlap``: the fused step
     hides an NCCL all-reduce behind its compute (each call then leaves the end of its update to
     the next, as in training); ``x_levels``: x is pixels (``inputs``), as the trainer promises
-    (tf32x3 in two products; None: three)."""
+    (tf32x3 in two products; None: three); ``prepared``: X prepared for the GEMMs once, as the
+    trainer does when its batches come in order (the default; else each step prepares its X, as
+    with data.shuffle=true)."""
     import cupy as cp
 
     from trainer import model
@@ -91,10 +94,11 @@ def our_step(
     step = make_step(kind, cp, layout, params, gbuf, len(y), gemm, allreduce, overlap, x_levels)
     loss = cp.zeros(1, dtype=cp.float32)
     schedule = Schedule(batch_size=global_batch or len(y), lr=LR, reg=REG, epochs=1)
+    batch = (step.prepare(x, [(0, len(x))]) or [x])[0] if prepared else x
 
     def run() -> None:
         loss.fill(0)
-        sgd_step(step, x, y, schedule.batch_size, schedule, loss)
+        sgd_step(step, batch, y, schedule.batch_size, schedule, loss)
 
     return run
 

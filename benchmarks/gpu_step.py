@@ -5,7 +5,9 @@ step's GEMMs alone, for H in 512..4096, B=3200, data resident on the GPU.
 
 Prints ms per step and the ratios the targets speak of (issue #4): PyTorch CUDA graph / ours
 (want >= 1.5) and ours / its GEMMs alone (want <= 1.25). "its GEMMs" are the cuBLAS calls our
-fused step makes, timed alone; "model GEMMs" the model's five products by cupy.matmul.
+fused step makes, timed alone; "model GEMMs" the model's five products by cupy.matmul. "ours
+fused" takes X prepared for its GEMMs once, as the trainer does when the batches come in order
+(data.shuffle=false, the default); "X per step" prepares it in every step, as with shuffling.
 """
 
 from __future__ import annotations
@@ -122,6 +124,7 @@ def measure(mode: str, compile_: bool) -> list[dict]:
                     "H": H,
                     "mode": label,
                     "ours fused": time_ms(our_step("fused", H, x, y, gemm=gemm, x_levels=levels)),
+                    "X per step": time_ms(our_step("fused", H, x, y, gemm=gemm, x_levels=levels, prepared=False)),
                     "its GEMMs": time_ms(lambda s=step: (s.z1_gemm(x), s.dw1_gemm(x))),
                     **common,
                 }
@@ -146,12 +149,23 @@ def breakdown(H: int, gemm: str, x_levels: int | None) -> dict[str, float]:
     ops["hidden gradient (dz1, dW2, db1, db2)"] = lambda: s.hidden_gradient(BATCH, 1 / BATCH)
     ops["GEMM dW1 = dz1^T X" + products] = lambda: s.dw1_gemm(x)
     ops["SGD + L2 update (+ penalty" + (", W1 split)" if s.split else ")")] = lambda: s.update(LR, REG, 1 / BATCH, loss)
-    ops["whole step"] = lambda: (s.forward(x, y), s.backward(x, y, 1 / BATCH), s.update(LR, REG, 1 / BATCH, loss))
+    ops["whole step, X prepared in it"] = lambda: (
+        s.forward(x, y),
+        s.backward(x, y, 1 / BATCH),
+        s.update(LR, REG, 1 / BATCH, loss),
+    )
+    xb = (s.prepare(x, [(0, BATCH)]) or [x])[0]  # as the trainer's batches in order
+    ops["whole step, X prepared once"] = lambda: (
+        s.forward(xb, y),
+        s.backward(xb, y, 1 / BATCH),
+        s.update(LR, REG, 1 / BATCH, loss),
+    )
     return {name: time_ms(op) for name, op in ops.items()}
 
 
 def print_table(rows: list[dict]) -> None:
-    cols = ["ours fused", "its GEMMs", "ours generic", "model GEMMs", "torch eager", "torch graph", "torch.compile"]
+    cols = ["ours fused", "X per step", "its GEMMs", "ours generic", "model GEMMs", "torch eager", "torch graph"]
+    cols += ["torch.compile"]
     print(f"{'mode':11s} {'H':>5s} " + " ".join(f"{c:>13s}" for c in cols) + "  graph/ours ours/GEMMs")
     for r in rows:
         cells = " ".join(f"{r[c]:13.3f}" if c in r else f"{'n/a':>13s}" for c in cols)

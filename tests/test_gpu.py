@@ -56,22 +56,23 @@ def gpu_count() -> int:
 
 @pytest.mark.gpu
 @pytest.mark.parametrize(
-    ("dtype", "gemm", "x_levels", "tol"),
+    ("dtype", "gemm", "x_levels", "shuffle", "tol"),
     [
-        ("float64", "sgemm", None, 1e-12),
-        ("float32", "sgemm", None, 1e-5),
-        ("float32", "tf32x3", None, 1e-5),  # three products
-        ("float32", "tf32x3", data.PIXEL_LEVELS, 1e-5),  # two: X as its pixels' levels, as the trainer runs it
+        ("float64", "sgemm", None, True, 1e-12),
+        ("float32", "sgemm", None, True, 1e-5),
+        ("float32", "tf32x3", None, True, 1e-5),  # three products
+        ("float32", "tf32x3", data.PIXEL_LEVELS, True, 1e-5),  # two: X as its pixels' levels, as the trainer runs it
+        ("float32", "tf32x3", data.PIXEL_LEVELS, False, 1e-5),  # in order: X prepared once (FusedStep.prepare)
     ],
 )
-def test_fused_step_matches_generic_step(dtype, gemm, x_levels, tol):
+def test_fused_step_matches_generic_step(dtype, gemm, x_levels, shuffle, tol):
     """The fused kernels compute the generic path's function: weights and losses, a last batch
     that fills neither a block of rows nor one of columns (H=300 > 256 threads)."""
     import cupy
 
     ds = data.load(None, 701, None, dtype)
     layout = model.Layout(D=784, H=300)
-    schedule = Schedule(batch_size=256, lr=0.2, reg=1e-3, epochs=2, shuffle=True, seed=5)
+    schedule = Schedule(batch_size=256, lr=0.2, reg=1e-3, epochs=2, shuffle=shuffle, seed=5)
     x, y = cupy.asarray(ds.x_train), cupy.asarray(ds.y_train)
     results = {}
     for kind in ("generic", "fused"):
@@ -88,8 +89,43 @@ def test_fused_step_matches_generic_step(dtype, gemm, x_levels, tol):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize(("dtype", "gemm", "tol"), [("float64", "sgemm", 1e-12), ("float32", "tf32x3", 1e-5)])
-def test_overlapped_step_matches_serial_step(dtype, gemm, tol):
+@pytest.mark.parametrize(
+    ("gemm", "x_levels", "blocks"), [("tf32", None, 1), ("tf32x3", None, 3), ("tf32x3", data.PIXEL_LEVELS, 2)]
+)
+def test_prepared_batches_hold_what_prepare_x_writes(gemm, x_levels, blocks):
+    """FusedStep.prepare makes every batch's GEMM operands at once (batches in order); each must
+    be what prepare_x writes for that batch in its step: a short last batch, a rank's empty share.
+    With x_levels the parts are the pixels' bytes, k = 255 x."""
+    import cupy
+
+    ds = data.load(None, 300, None, "float32")
+    layout = model.Layout(D=784, H=64)
+    params = cupy.asarray(model.init_params(layout, 0, "float32"))
+    gbuf = cupy.zeros(layout.size + 1, dtype=np.float32)
+    x = cupy.asarray(ds.x_train)
+    rows = [(0, 128), (128, 256), (256, 300), (300, 300)]
+    step = make_step("fused", cupy, layout, params, gbuf, 128, gemm, x_levels=x_levels)
+    assert step.blocks == blocks
+    prepared = step.prepare(x, rows)
+    assert [len(p) for p in prepared] == [128, 128, 44, 0]
+    for (lo, hi), p in zip(rows[:3], prepared):
+        n, k = hi - lo, blocks * step.padded(hi - lo)
+        step.prepare_x(x[lo:hi])
+        np.testing.assert_array_equal(p.xt[:, :k].get(), step.xt[:, :k].get())
+        if blocks > 1:
+            np.testing.assert_array_equal(p.xcat.get(), step.xcat[:n].get())
+        if blocks == 2:
+            pixels = np.rint(ds.x_train[lo:hi] * data.PIXEL_LEVELS)
+            np.testing.assert_array_equal(p.xcat[:, :784].get(), pixels)
+            np.testing.assert_array_equal(p.xt[:, step.padded(n) : step.padded(n) + n].get(), pixels.T)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    ("dtype", "gemm", "shuffle", "tol"),
+    [("float64", "sgemm", True, 1e-12), ("float32", "tf32x3", True, 1e-5), ("float32", "tf32x3", False, 1e-5)],
+)
+def test_overlapped_step_matches_serial_step(dtype, gemm, shuffle, tol):
     """On one GPU, NCCL with a world of one rank: the overlapped step (sums on a side stream, W1
     in halves, the end of each update left to the next forward) trains the same weights and
     losses as the fused step that all-reduces after its backward pass."""
@@ -100,7 +136,7 @@ def test_overlapped_step_matches_serial_step(dtype, gemm, tol):
     world = parallel.join_world(1)
     ds = data.load(None, 701, None, dtype)
     layout = model.Layout(D=784, H=300)
-    schedule = Schedule(batch_size=256, lr=0.2, reg=1e-3, epochs=2, shuffle=True, seed=5)
+    schedule = Schedule(batch_size=256, lr=0.2, reg=1e-3, epochs=2, shuffle=shuffle, seed=5)
     x, y = cupy.asarray(ds.x_train), cupy.asarray(ds.y_train)
     results = {}
     for overlap in (False, True):

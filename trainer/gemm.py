@@ -31,7 +31,7 @@ def _cublas_handle(tensor_cores: bool) -> int:
     return _HANDLES[key]
 
 
-def _leading(v: Any) -> int:
+def leading(v: Any) -> int:
     """The row stride in elements: column slices of a C-contiguous array keep their parent's."""
     return v.strides[0] // v.itemsize
 
@@ -58,6 +58,6 @@ class Gemm:
         self.alpha[0] = alpha  # read by cuBLAS during the call (host pointer mode), not at the launch
         self.cublas.setStream(self.handle, self.cupy.cuda.get_current_stream().ptr)
         self.fn(
-            self.handle, op[tb], op[ta], n, m, k, self.alpha.ctypes.data, b.data.ptr, _leading(b),
-            a.data.ptr, _leading(a), self.zero.ctypes.data, out.data.ptr, _leading(out),
+            self.handle, op[tb], op[ta], n, m, k, self.alpha.ctypes.data, b.data.ptr, leading(b),
+            a.data.ptr, leading(a), self.zero.ctypes.data, out.data.ptr, leading(out),
         )  # fmt: skip

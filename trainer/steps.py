@@ -53,21 +53,39 @@ zero_gradient for a rank without rows), reduce, update, and finish at the end of
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from trainer import model
-from trainer.gemm import Gemm
+from trainer.gemm import Gemm, leading
 
 TENSOR_CORE_GEMMS = ("tf32", "tf32x3")  # the float32 GEMM modes (``gemm``) on tensor cores
 TF32_EXACT_INTEGERS = 2**11  # TF32 holds every integer up to this one (11 significant bits)
+
+
+@dataclass(frozen=True)
+class PreparedX:
+    """One batch's X as the tensor-core GEMMs read it, made once for every epoch (FusedStep.prepare):
+    x, the batch's rows; xcat and xt, what prepare_x would write for them (views of buffers that
+    hold every batch)."""
+
+    x: Any
+    xcat: Any
+    xt: Any
+
+    def __len__(self) -> int:
+        return len(self.x)
 
 
 class GenericStep:
     def __init__(self, layout: model.Layout, params: Any, gbuf: Any, allreduce: Any = None) -> None:
         self.p, self.g, self.gbuf = layout.views(params), layout.views(gbuf[:-1]), gbuf
         self.allreduce = allreduce
+
+    def prepare(self, x: Any, rows: list[tuple[int, int]]) -> None:
+        """Nothing to prepare: the generic step multiplies X as it is (FusedStep.prepare)."""
 
     def forward(self, x: Any, y: Any) -> None:
         self.a1, z2 = model.forward(self.p, x)
@@ -596,18 +614,53 @@ class FusedStep:
         """n samples to whole tiles of 32: the columns of z1^T (and xt) that a batch of n fills."""
         return 32 * -(-n // 32)
 
-    def prepare_x(self, x: Any) -> None:
-        """X^T into xt; split, X's TF32 parts (or its integer levels) into xcat (for z1) and xt (for dW1)."""
+    def prepare_x(self, x: Any, xcat: Any = None, xt: Any = None) -> None:
+        """X^T into xt; split, X's TF32 parts (or its integer levels) into xcat (for z1) and xt (for
+        dW1). By default into the step's own buffers, for this step's batch."""
+        xcat, xt = (self.xcat, self.xt) if xt is None else (xcat, xt)
         (n, D), part = x.shape, self.padded(len(x))
         self._kernel["prepare_x"](
             (-(-D // 32), part // 32), (32, 8),
-            (x, np.int32(n), np.int32(D), np.int32(self.blocks), self.levels, self.xcat, self.xt, np.int32(self.ld),
+            (x, np.int32(n), np.int32(D), np.int32(self.blocks), self.levels, xcat, xt, np.int32(leading(xt)),
              np.int32(part)),
         )  # fmt: skip
 
+    def prepare(self, x: Any, rows: list[tuple[int, int]]) -> list[PreparedX] | None:
+        """Every batch's X (rows [lo, hi) of x, on the device) prepared for the tensor-core GEMMs
+        at once, for runs whose batches are the same every epoch (no shuffling): given one of
+        these, forward skips prepare_x (8 to 28 us a step at H=2048, B=3200; BENCHMARKS.md). Costs
+        the memory of X once (TF32) or four times (xcat and xt, two parts each; three: six).
+        None where there is nothing to prepare (SGEMM, DGEMM) or no memory for it."""
+        if not self.transposed:
+            return None
+        cp, D, dtype = self.cp, self.layout.D, self.params.dtype
+        sizes = [hi - lo for lo, hi in rows]
+        cols = [self.blocks * self.padded(n) for n in sizes]
+        try:
+            xt_all = cp.empty((D, sum(cols)), dtype=dtype)
+            xcat_all = cp.empty((sum(sizes), self.blocks * D), dtype=dtype) if self.split else self.xcat
+        except cp.cuda.memory.OutOfMemoryError:
+            return None
+        batches, c0, r0 = [], 0, 0
+        for (lo, hi), n, c in zip(rows, sizes, cols):
+            xb, xt = x[lo:hi], xt_all[:, c0 : c0 + c]
+            xcat = xcat_all[r0 : r0 + n] if self.split else xcat_all
+            if n:
+                self.prepare_x(xb, xcat, xt)
+            batches.append(PreparedX(xb, xcat, xt))
+            c0, r0 = c0 + c, r0 + n
+        return batches
+
+    def _operands(self, x: Any) -> tuple[Any, Any, Any]:
+        """A batch's rows of X, xcat and xt: a PreparedX's, or x and the step's buffers."""
+        if isinstance(x, PreparedX):
+            return x.x, x.xcat, x.xt
+        return x, self.xcat, self.xt
+
     def forward(self, x: Any, y: Any) -> None:
+        """x: the batch's rows of X, or their PreparedX."""
         cp = self.cp
-        if self.transposed:
+        if self.transposed and not isinstance(x, PreparedX):
             self.prepare_x(x)  # with overlap: beside the sum of the last gradient's first part
         self._finish_update(0)  # with overlap: W1's first rows, once their sum is in
         self.z1_gemm(x, 0)
@@ -676,23 +729,25 @@ class FusedStep:
         """z1 for the rows of W1 in ``part`` (all of them without overlap): z1^T = W1 X^T
         (transposed; split: W1_hi X_lo^T + W1_lo X_hi^T + W1_hi X_hi^T, one GEMM with K = 3D, or
         with X's levels k (W1_lo k^T + W1_hi k^T) / 255, K = 2D) or z1 = X W1^T."""
-        n = len(x)
+        rows, xcat, _ = self._operands(x)
+        n = len(rows)
         if self.transposed:
-            xs = self.xcat[:n] if self.split else x
+            xs = xcat[:n] if self.split else rows
             self.gemm(self.w1_part[part], xs, self.z1_part[part][:, :n], tb=True, alpha=self.alpha)
         else:
-            self.gemm(x, self.w1_part[part], self.z1_part[part][:n], tb=True)
+            self.gemm(rows, self.w1_part[part], self.z1_part[part][:n], tb=True)
 
     def dw1_gemm(self, x: Any, part: int = 0) -> None:
         """dW1 = dz1^T X, the rows of dW1's ``part``-th GEMM (all of them, or with overlap and
         SGEMM W1's rows in that part). Transposed: dz1^T xt^T over the padded samples (zeros past
         n); split, over three blocks of them, dz1_hi X_lo, dz1_lo X_hi and dz1_hi X_hi (or two,
         dz1_lo k and dz1_hi k, scaled by 1/255): the products summed in one pass."""
+        rows, _, xt = self._operands(x)
         if not self.transposed:
-            self.gemm(self.dz1_part[part][: len(x)], x, self.gw1_part[part], ta=True)
+            self.gemm(self.dz1_part[part][: len(rows)], rows, self.gw1_part[part], ta=True)
             return
-        k = self.blocks * self.padded(len(x))
-        self.gemm(self.dz1_part[part][:, :k], self.xt[:, :k], self.gw1_part[part], tb=True, alpha=self.alpha)
+        k = self.blocks * self.padded(len(rows))
+        self.gemm(self.dz1_part[part][:, :k], xt[:, :k], self.gw1_part[part], tb=True, alpha=self.alpha)
 
     def update(self, lr: float, reg: float, inv_batch: float, loss_out: Any) -> None:
         """SGD + L2 and loss_out[0] += the batch's loss. With overlap each part of the parameters
