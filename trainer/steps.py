@@ -562,6 +562,7 @@ class FusedStep:
             self.e = cp.empty((C, self.padded(max_rows)), dtype=dtype)  # (softmax(z2) - onehot(y))^T
         else:
             self.z = cp.empty((max_rows, H), dtype=dtype)  # z1, then dz1
+            self.xt = None  # the GEMMs read X as it is
             self.e = cp.empty((max_rows, C), dtype=dtype)  # softmax(z2) - onehot(y)
         if self.split:
             # The GEMMs' operands as TF32 parts. In z1's, small products first (summed first, they lose less).
