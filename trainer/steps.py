@@ -7,7 +7,8 @@ then, after the all-reduce, the update. Two implementations of the same math:
   (trainer/gemm.py), and everything else in fused kernels that each pass over the B x H
   activations at most once: the output layer (sigmoid, the 10-wide second layer, softmax, loss),
   the hidden gradient (dz1, dW2, db1, db2) and the SGD+L2 update; with tensor cores also X's
-  preparation for the GEMMs. No host synchronisation anywhere in the step.
+  preparation for the GEMMs, which ``prepare`` does once for the whole run when the batches are
+  the same every epoch (trainer/loop.py, no shuffling). No host synchronisation anywhere in the step.
 
 With tensor cores the fused step keeps z1 transposed, H x B with the batch index contiguous:
 z1^T = W1 X^T reads both operands K-major (the summed-over index contiguous in memory), the
@@ -481,7 +482,8 @@ extern "C" __global__ void sgd_update(T* p, const T* g, const long long begin, c
 
 
 class FusedStep:
-    """The same step in 2 cuBLAS GEMMs, 3 fused kernels (4 with tensor cores: X's preparation) and a memset."""
+    """The same step in 2 cuBLAS GEMMs, 3 fused kernels (4 with tensor cores: X's preparation, unless
+    ``prepare`` made it once) and a memset."""
 
     KERNELS = _KERNELS  # a class attribute, so benchmarks/gpu_kernels.py can time variants
     # Block shapes: the fastest measured (benchmarks/gpu_kernels.py, BENCHMARKS.md).
