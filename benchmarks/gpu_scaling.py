@@ -27,9 +27,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 CASES = [
     ("weak", "FP32", 3200, "sgemm"),
     ("weak", "FP32 2xTF32", 3200, "tf32x3"),
+    ("weak", "FP32 3xBF16", 3200, "bf16x3"),
     ("weak", "TF32", 3200, "tf32"),
     ("strong", "FP32", 12800, "sgemm"),
     ("strong", "FP32 2xTF32", 12800, "tf32x3"),
+    ("strong", "FP32 3xBF16", 12800, "bf16x3"),
     ("strong", "TF32", 12800, "tf32"),
 ]
 # label: (comm, overlap, nccl_window)

@@ -95,9 +95,15 @@ def torch_steps(H: int, xh, yh, tf32: bool, compile_: bool) -> dict[str, float]:
 # Our step's GEMM modes per process: CuPy reads CUPY_TF32 once, so TF32 runs in a process of its own
 # (its PyTorch rows too). label: (gemm, x_levels). "FP32 3xTF32" and "FP32 2xTF32" are float32
 # accuracy on tensor cores (tf32x3, trainer/steps.py): three products for inputs of any value, two
-# with X as its pixels' integer levels, as the trainer runs it (the inputs are pixels either way).
+# with X as its pixels' integer levels, as the trainer runs it (the inputs are pixels either way);
+# "FP32 3xBF16" three BF16 products on the pixels (bf16x3).
 VARIANTS = {
-    "fp32": {"FP32": ("sgemm", None), "FP32 3xTF32": ("tf32x3", None), "FP32 2xTF32": ("tf32x3", PIXEL_LEVELS)},
+    "fp32": {
+        "FP32": ("sgemm", None),
+        "FP32 3xTF32": ("tf32x3", None),
+        "FP32 2xTF32": ("tf32x3", PIXEL_LEVELS),
+        "FP32 3xBF16": ("bf16x3", PIXEL_LEVELS),
+    },
     "tf32": {"TF32": ("tf32", None)},
 }
 
@@ -140,7 +146,7 @@ def breakdown(H: int, gemm: str, x_levels: int | None) -> dict[str, float]:
     x, y = cp.asarray(xh), cp.asarray(yh)
     s = fused_step(H, gemm, x, y, x_levels=x_levels)
     loss = cp.zeros(1, dtype=cp.float32)
-    products = f" ({s.blocks} products)" if s.split else ""
+    products = f" ({s.blocks} {'BF16 ' if s.bf16 else ''}products)" if s.split else ""
     parts = "; levels" if s.levels else "; TF32 parts"
     ops = {"prepare X (X^T" + (parts if s.split else "") + ")": lambda: s.prepare_x(x)} if s.transposed else {}
     ops[("GEMM z1^T = W1 X^T" if s.transposed else "GEMM z1 = X W1^T") + products] = lambda: s.z1_gemm(x)

@@ -39,7 +39,7 @@ def test_unknown_dtype_is_rejected_by_hydra():
 def test_unknown_fp32_gemm_is_rejected_by_hydra():
     with pytest.raises(ConfigCompositionException) as e:
         compose(["fp32_gemm=bf16x9"])
-    assert "Invalid value 'bf16x9', expected one of [sgemm, tf32x3]" in str(e.value.__cause__)
+    assert "Invalid value 'bf16x9', expected one of [sgemm, tf32x3, bf16x3]" in str(e.value.__cause__)
 
 
 def test_gemm_mode_follows_tf32_dtype_and_fp32_gemm():
@@ -129,6 +129,7 @@ def test_tf32_needs_float32():
         ([], None, 3),  # inputs with no promise: X split too
         ([], 4096, 3),  # levels past TF32's 11 bits are not exact
         (["fp32_gemm=sgemm"], 255, 1),
+        (["fp32_gemm=bf16x3"], 255, 3),  # three BF16 products, X exact in BF16
         (["tf32=true"], 255, 1),
         (["dtype=float64"], 255, 1),
     ],

@@ -63,6 +63,8 @@ def gpu_count() -> int:
         ("float32", "tf32x3", None, True, 1e-5),  # three products
         ("float32", "tf32x3", data.PIXEL_LEVELS, True, 1e-5),  # two: X as its pixels' levels, as the trainer runs it
         ("float32", "tf32x3", data.PIXEL_LEVELS, False, 1e-5),  # in order: X prepared once (FusedStep.prepare)
+        ("float32", "bf16x3", data.PIXEL_LEVELS, True, 1e-5),  # three BF16 products
+        ("float32", "bf16x3", data.PIXEL_LEVELS, False, 1e-5),
     ],
 )
 def test_fused_step_matches_generic_step(dtype, gemm, x_levels, shuffle, tol):
@@ -90,7 +92,8 @@ def test_fused_step_matches_generic_step(dtype, gemm, x_levels, shuffle, tol):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize(
-    ("gemm", "x_levels", "blocks"), [("tf32", None, 1), ("tf32x3", None, 3), ("tf32x3", data.PIXEL_LEVELS, 2)]
+    ("gemm", "x_levels", "blocks"),
+    [("tf32", None, 1), ("tf32x3", None, 3), ("tf32x3", data.PIXEL_LEVELS, 2), ("bf16x3", data.PIXEL_LEVELS, 3)],
 )
 def test_prepared_batches_hold_what_prepare_x_writes(gemm, x_levels, blocks):
     """FusedStep.prepare makes every batch's GEMM operands at once (batches in order); each must
@@ -114,8 +117,9 @@ def test_prepared_batches_hold_what_prepare_x_writes(gemm, x_levels, blocks):
         np.testing.assert_array_equal(p.xt[:, :k].get(), step.xt[:, :k].get())
         if blocks > 1:
             np.testing.assert_array_equal(p.xcat.get(), step.xcat[:n].get())
-        if blocks == 2:
-            pixels = np.rint(ds.x_train[lo:hi] * data.PIXEL_LEVELS)
+        if x_levels:  # the pixels' bytes k, as TF32 (float32) values or BF16 ones (a float32's top half)
+            k32 = np.rint(ds.x_train[lo:hi] * data.PIXEL_LEVELS).astype(np.float32)
+            pixels = (k32.view(np.uint32) >> 16).astype(np.uint16) if gemm == "bf16x3" else k32
             np.testing.assert_array_equal(p.xcat[:, :784].get(), pixels)
             np.testing.assert_array_equal(p.xt[:, step.padded(n) : step.padded(n) + n].get(), pixels.T)
 
@@ -123,7 +127,12 @@ def test_prepared_batches_hold_what_prepare_x_writes(gemm, x_levels, blocks):
 @pytest.mark.gpu
 @pytest.mark.parametrize(
     ("dtype", "gemm", "shuffle", "tol"),
-    [("float64", "sgemm", True, 1e-12), ("float32", "tf32x3", True, 1e-5), ("float32", "tf32x3", False, 1e-5)],
+    [
+        ("float64", "sgemm", True, 1e-12),
+        ("float32", "tf32x3", True, 1e-5),
+        ("float32", "tf32x3", False, 1e-5),
+        ("float32", "bf16x3", False, 1e-5),
+    ],
 )
 def test_overlapped_step_matches_serial_step(dtype, gemm, shuffle, tol):
     """On one GPU, NCCL with a world of one rank: the overlapped step (sums on a side stream, W1
@@ -171,12 +180,13 @@ def test_tf32x3_keeps_float32_accuracy():
         ("sgemm", "sgemm", None),
         ("tf32x3", "tf32x3", None),
         ("tf32x2", "tf32x3", data.PIXEL_LEVELS),
+        ("bf16x3", "bf16x3", data.PIXEL_LEVELS),
         ("tf32", "tf32", None),
     ):
         params = cupy.asarray(init.astype(np.float32))
         gbuf = cupy.zeros(layout.size + 1, dtype=np.float32)
         step = make_step("fused", cupy, layout, params, gbuf, len(y), gemm, x_levels=x_levels)
-        assert step.blocks == {"tf32x3": 3, "tf32x2": 2}.get(name, 1)
+        assert step.blocks == {"tf32x3": 3, "tf32x2": 2, "bf16x3": 3}.get(name, 1)
         step.forward(x32, y)
         step.backward(x32, y, 1 / len(y))
         errors[name] = np.linalg.norm(gbuf[:-1].get() - truth) / np.linalg.norm(truth)
@@ -184,7 +194,21 @@ def test_tf32x3_keeps_float32_accuracy():
     assert errors["sgemm"] < 1e-5, errors
     assert errors["tf32x3"] < 8 * errors["sgemm"], errors
     assert errors["tf32x2"] < 8 * errors["sgemm"], errors
+    assert errors["bf16x3"] < 8 * errors["sgemm"], errors
     assert errors["tf32"] > 30 * errors["tf32x3"], errors
+
+
+@pytest.mark.gpu
+def test_bf16x3_without_pixels_is_refused():
+    """Three BF16 products keep float32 accuracy only with X exact in BF16 (bytes): inputs that
+    promise nothing are refused, with the mode that takes them."""
+    import cupy
+
+    layout = model.Layout(D=784, H=32)
+    params = cupy.asarray(model.init_params(layout, 0, "float32"))
+    gbuf = cupy.zeros(layout.size + 1, dtype=np.float32)
+    with pytest.raises(ValueError, match=r"gemm=bf16x3 needs inputs k / x_levels .* \(got None\); use tf32x3"):
+        make_step("fused", cupy, layout, params, gbuf, 64, "bf16x3")
 
 
 @pytest.mark.gpu
@@ -210,6 +234,7 @@ def test_tf32_run_stays_close_to_float32(idx_dir, mlflow_uri, tmp_path):
         ("auto", ["dtype=float32", "fp32_gemm=sgemm", "hidden=2048", "lr=0.01"], 1e-5, True, "off", 1),
         ("auto", ["dtype=float32", "hidden=2048", "lr=0.01"], 1e-5, False, "symmetric", 2),  # the pixels: 2 products
         ("never", ["dtype=float32", "tf32=true", "nccl_window=never"], 1e-2, False, "off", 1),
+        ("never", ["dtype=float32", "fp32_gemm=bf16x3", "hidden=300"], 1e-5, False, "symmetric", 3),
     ],
 )
 def test_nccl_allreduce_matches_reference(

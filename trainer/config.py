@@ -39,7 +39,8 @@ class Comm(str, Enum):
 
 class Fp32Gemm(str, Enum):
     sgemm = "sgemm"  # cuBLAS SGEMM on the CUDA cores
-    tf32x3 = "tf32x3"  # float32 accuracy from three TF32 tensor-core products (trainer/steps.py)
+    tf32x3 = "tf32x3"  # float32 accuracy from TF32 tensor-core products: two on pixels, three otherwise
+    bf16x3 = "bf16x3"  # float32 accuracy from three BF16 tensor-core products, pixels only (trainer/steps.py)
 
 
 class Overlap(str, Enum):

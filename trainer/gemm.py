@@ -5,15 +5,35 @@ step's size takes on the GPU; a direct call costs a few. Row-major out (m x n) i
 out^T, so cuBLAS computes out^T = op(b)^T op(a)^T. cuBLAS's heuristic picks the algorithm:
 timing cuBLASLt's other candidates and keeping the fastest (autotuning) gained nothing at the
 step's shapes (benchmarks/gpu_gemm.py, BENCHMARKS.md); the operands' layout did.
+
+BF16 operands (stored as uint16: CuPy has no bfloat16 dtype) go through cublasGemmEx, called
+with ctypes from the libcublas CuPy loaded, float32 out and float32 accumulation.
 """
 
 from __future__ import annotations
 
+import ctypes
 from typing import Any
 
 import numpy as np
 
 _HANDLES: dict[tuple[int, bool], int] = {}
+_GEMM_EX: list[Any] = []
+# cublas_api.h / library_types.h: cudaDataType_t, cublasComputeType_t, cublasGemmAlgo_t
+_R_32F, _R_16BF, _COMPUTE_32F, _GEMM_DEFAULT = 0, 14, 68, -1
+
+
+def _gemm_ex() -> Any:
+    """cublasGemmEx of the libcublas CuPy loaded (found in this process's memory map)."""
+    if not _GEMM_EX:
+        with open("/proc/self/maps") as maps:
+            paths = [line.split()[-1] for line in maps if "libcublas.so" in line]
+        fn = ctypes.CDLL(paths[0] if paths else "libcublas.so").cublasGemmEx
+        P, i = ctypes.c_void_p, ctypes.c_int
+        # handle, transa, transb, m, n, k, alpha, A, Atype, lda, B, Btype, ldb, beta, C, Ctype, ldc, compute, algo
+        fn.argtypes = [P, i, i, i, i, i, P, P, i, i, P, i, i, P, P, i, i, i, i]
+        _GEMM_EX.append(fn)
+    return _GEMM_EX[0]
 
 
 def _cublas_handle(tensor_cores: bool) -> int:
@@ -37,9 +57,10 @@ def leading(v: Any) -> int:
 
 
 class Gemm:
-    """out = op(a) @ op(b) through cublasSgemm (float32; TF32 tensor cores if asked) or Dgemm."""
+    """out = op(a) @ op(b) through cublasSgemm (float32; TF32 tensor cores if asked), Dgemm, or
+    with ``bf16`` cublasGemmEx on BF16 operands (uint16 arrays) into float32."""
 
-    def __init__(self, dtype: Any, tensor_cores: bool) -> None:
+    def __init__(self, dtype: Any, tensor_cores: bool, bf16: bool = False) -> None:
         import cupy as cp
         from cupy_backends.cuda.libs import cublas
 
@@ -47,6 +68,16 @@ class Gemm:
         self.handle = _cublas_handle(tensor_cores and np.dtype(dtype) == np.float32)
         self.op = {False: cublas.CUBLAS_OP_N, True: cublas.CUBLAS_OP_T}
         self.fn = cublas.sgemm if np.dtype(dtype) == np.float32 else cublas.dgemm
+        if bf16:
+            ex = _gemm_ex()
+
+            def fn(h, ta, tb, m, n, k, alpha, b, ldb, a, lda, beta, out, ldo) -> None:
+                status = ex(h, ta, tb, m, n, k, alpha, b, _R_16BF, ldb, a, _R_16BF, lda, beta, out, _R_32F, ldo,
+                            _COMPUTE_32F, _GEMM_DEFAULT)  # fmt: skip
+                if status:
+                    raise RuntimeError(f"cublasGemmEx (BF16) failed with status {status}")
+
+            self.fn = fn
         self.alpha, self.zero = np.ones(1, dtype=dtype), np.zeros(1, dtype=dtype)
 
     def __call__(self, a: Any, b: Any, out: Any, ta: bool = False, tb: bool = False, alpha: float = 1) -> None:

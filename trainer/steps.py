@@ -62,8 +62,10 @@ import numpy as np
 from trainer import model
 from trainer.gemm import Gemm, leading
 
-TENSOR_CORE_GEMMS = ("tf32", "tf32x3")  # the float32 GEMM modes (``gemm``) on tensor cores
+TENSOR_CORE_GEMMS = ("tf32", "tf32x3", "bf16x3")  # the float32 GEMM modes (``gemm``) on tensor cores
+SPLIT_GEMMS = ("tf32x3", "bf16x3")  # float32 accuracy from several tensor-core products
 TF32_EXACT_INTEGERS = 2**11  # TF32 holds every integer up to this one (11 significant bits)
+BF16_EXACT_INTEGERS = 2**8  # and BF16 up to this one (8)
 
 
 @dataclass(frozen=True)
@@ -133,20 +135,41 @@ __device__ inline double tf32(double x) { return x; }  // float64 is never split
 
 __device__ inline T sigmoid(T z) { return (T)1 / ((T)1 + exp(-z)); }  // __expf: 4% faster, less exact
 
-// v into `parts` places `stride` apart. One part: v itself. Several: v's TF32 parts, hi = v
-// rounded to TF32 in every place but lo_at, which gets lo = v - hi rounded (lo_at < 0: hi in
-// all, for v an integer level that TF32 holds exactly: hi = v).
-__device__ inline void put_parts(T* at, const long long stride, const int parts, const T v, const int lo_at) {
+// BF16 (bfloat16) is a float32's top 16 bits: b16 keeps them (truncating), b16_rn rounds to nearest.
+__device__ inline unsigned short b16(float v) { return (unsigned short)(__float_as_uint(v) >> 16); }
+__device__ inline unsigned short b16_rn(float v) { return (unsigned short)((__float_as_uint(v) + 0x8000u) >> 16); }
+__device__ inline float f32(unsigned short b) { return __uint_as_float((unsigned int)b << 16); }
+
+// v as three BF16 parts, small first: out[0] = lo, out[1] = mid, out[2] = hi (v = hi + mid + lo
+// to about 2^-24 relative: hi and mid truncated, so the rests are exact, lo rounded).
+__device__ inline void bf16_parts(const float v, unsigned short out[3]) {
+    out[2] = b16(v);
+    const float r = v - f32(out[2]);
+    out[1] = b16(r);
+    out[0] = b16_rn(r - f32(out[1]));
+}
+
+// v into `parts` places `stride` apart (P: the GEMMs' operand type, T or BF16's unsigned short).
+// One part: v itself. TF32: hi = v rounded to TF32 in every place but lo_at, which gets lo = v - hi
+// rounded (lo_at < 0: hi in all, for v an integer level that TF32 holds exactly: hi = v). BF16:
+// [lo | mid | hi] (lo_at < 0: v in all, an integer level that BF16 holds exactly).
+__device__ inline void put_parts(P* at, const long long stride, const int parts, const T v, const int lo_at) {
+#if BF16
+    unsigned short q[3];
+    bf16_parts(v, q);
+    for (int p = 0; p < parts; ++p) at[p * stride] = lo_at < 0 ? q[2] : q[p];
+#else
     if (parts == 1) {
         at[0] = v;
         return;
     }
     const T hi = tf32(v), lo = tf32(v - hi);
     for (int p = 0; p < parts; ++p) at[p * stride] = p == lo_at ? lo : hi;
+#endif
 }
 
 extern "C" __global__ void split_tf32(const T* x, const int rows, const int d, const int parts, const int lo_at,
-                                      T* out) {
+                                      P* out) {
     // out (rows x parts d) <- each row of x (rows x d) as its TF32 parts, side by side (put_parts).
     const long long total = (long long)rows * d;
     for (long long k = blockIdx.x * (long long)blockDim.x + threadIdx.x; k < total;
@@ -157,13 +180,13 @@ extern "C" __global__ void split_tf32(const T* x, const int rows, const int d, c
 }
 
 extern "C" __global__ void prepare_x(const T* __restrict__ x, const int n, const int d, const int parts,
-                                     const T levels, T* __restrict__ xcat, T* __restrict__ xt, const int ld,
+                                     const T levels, P* __restrict__ xcat, P* __restrict__ xt, const int ld,
                                      const int part) {
     // The batch's X (n x d) as the GEMMs read it: X^T into xt (row stride ld) for dW1, whose
     // operands must both be K-major: xt[c, r] = X[r, c]. With parts > 1 (float32 accuracy on
-    // tensor cores), each value as `parts` TF32 values, into xcat (n x parts d, side by side) for
+    // tensor cores), each value as `parts` TF32 (or BF16) values, into xcat (n x parts d, side by side) for
     // z1 and into xt in column blocks `part` apart: if levels > 0, X's pixels are k / levels with
-    // k an integer, exact in TF32, so k in every place; else [lo | hi | hi]. The grid covers the
+    // k an integer, exact in TF32 (and BF16), so k in every place; else [lo | hi | hi]. The grid covers the
     // rows to a multiple of 32; rows past n get zeros. Block: 32 x 8 threads, a 32 x 32 tile
     // through shared memory (reads and writes coalesced).
     __shared__ T tile[32][33];
@@ -348,15 +371,16 @@ output_layer_t(const T* __restrict__ zt, const int ld, const T* __restrict__ hw,
 
 extern "C" __global__ void __launch_bounds__(32 * HID_WARPS, HID_MIN_BLOCKS)
 hidden_grad_t(T* zt, const int ld, const T* __restrict__ hw, const T* __restrict__ et, const int estride,
-              const int n, const int H, const T scale, const int parts, const int lo_at, const int part, T* gb1,
-              T* gW2, T* gb2) {
+              const int n, const int H, const T scale, const int parts, const int lo_at, const int part, P* dp,
+              const int dld, T* gb1, T* gW2, T* gb2) {
     // Block (32 x HID_WARPS threads): the HID_S samples (a multiple of 32 VEC) from s0 = blockIdx.y
     // HID_S (lane l: VEC at a time, read and written as one V) of the hidden units [h0, h0 +
     // HID_H), h0 = blockIdx.x HID_H (warp w: every HID_WARPS-th from h0 + w). With a =
     // sigmoid(z1 + b1) from z1^T in zt (row stride ld): dz1 = scale (e W2) a (1 - a), written
     // over z1^T for samples r < part (zeros from n on); with parts > 1, as that many TF32 parts in
     // column blocks `part` apart, lo in block lo_at and hi in the others (dW1's K-major operand,
-    // put_parts). Each warp adds its sums over
+    // put_parts); with BF16 the parts [lo | mid | hi] go to dp (row stride dld), not over z1^T.
+    // Each warp adds its sums over
     // its samples to the gradient (zeroed by the caller): db1 += sum dz1, dW2 += scale e^T a, and
     // the blocks of the first hidden units db2 += scale sum e.
     __shared__ __align__(16) T es[C][HID_S];  // e^T of the block's samples, zeros past n
@@ -418,6 +442,19 @@ hidden_grad_t(T* zt, const int ld, const T* __restrict__ hw, const T* __restrict
                 d[i] = scale * da[i] * a[i] * ((T)1 - a[i]);
                 db += d[i];
             }
+#if BF16
+            {  // VEC = 4 samples: 8 bytes per part
+                unsigned short q[VEC][3];
+#pragma unroll
+                for (int i = 0; i < VEC; ++i) bf16_parts(d[i], q[i]);
+                P* dout = dp + (long long)h * dld + s0 + s;
+#pragma unroll
+                for (int p = 0; p < 3; ++p) {
+                    const uint2 two = {q[0][p] | ((unsigned)q[1][p] << 16), q[2][p] | ((unsigned)q[3][p] << 16)};
+                    *reinterpret_cast<uint2*>(dout + p * part) = two;  // 4 samples' part p
+                }
+            }
+#else
             if (parts > 1) {
                 V hv, lv;
                 T *hi = reinterpret_cast<T*>(&hv), *lo = reinterpret_cast<T*>(&lv);
@@ -427,6 +464,7 @@ hidden_grad_t(T* zt, const int ld, const T* __restrict__ hw, const T* __restrict
             } else {
                 *reinterpret_cast<V*>(out) = dv;
             }
+#endif
         }
         for (int off = 16; off > 0; off >>= 1) {
             db += __shfl_xor_sync(0xffffffff, db, off);
@@ -444,7 +482,7 @@ hidden_grad_t(T* zt, const int ld, const T* __restrict__ hw, const T* __restrict
 extern "C" __global__ void sgd_update(T* p, const T* g, const long long begin, const long long end,
                                       const long long w1_end, const long long w2_begin, const long long w2_end,
                                       const T lr, const T reg, const T* ce_sum, const T inv_batch, T* loss_out,
-                                      const int parts, const int lo_at, const int D, T* w1cat, T* hw) {
+                                      const int parts, const int lo_at, const int D, P* w1cat, T* hw) {
     // p[k] <- p[k] - lr (g[k] + reg W) for k in [begin, end) (biases: no reg). loss_out[0] +=
     // reg/2 ||W||^2 over these weights before the update, and inv_batch * ce_sum[0] unless ce_sum
     // is null; loss_out must start at 0. The new b1 and W2 also go into hw (H x HW) for
@@ -514,13 +552,18 @@ class FusedStep:
         self.p, self.g, self.gbuf = layout.views(params), layout.views(gbuf[:-1]), gbuf
         self.params = params
         dtype = np.dtype(params.dtype)
-        self.split = gemm == "tf32x3" and dtype == np.float32
-        # TF32 parts per value of the GEMMs' operands (gemm_products): 1 (not split), 3, or 2 with X
-        # as its pixels' integer levels (prepare_x: levels > 0). W1's and dz1's lo part in block
-        # w_lo_at: [hi | lo | hi] against X's [lo | hi | hi], or [lo | hi] against [k | k].
+        self.split = gemm in SPLIT_GEMMS and dtype == np.float32
+        self.bf16 = gemm == "bf16x3" and dtype == np.float32
+        if self.bf16 and not (x_levels and x_levels <= BF16_EXACT_INTEGERS):
+            raise ValueError(f"gemm=bf16x3 needs inputs k / x_levels with x_levels <= 256 (got {x_levels}); use tf32x3")
+        # Parts per value of the GEMMs' operands (gemm_products): 1 (not split); TF32: 3, or 2 with X
+        # as its pixels' integer levels (prepare_x: levels > 0); BF16: 3, X always its levels. W1's
+        # and dz1's lo part in block w_lo_at: [hi | lo | hi] against X's [lo | hi | hi], or [lo |
+        # hi] against [k | k]; BF16 [lo | mid | hi] against [k | k | k].
         self.blocks = gemm_products(gemm, dtype, x_levels)
-        self.levels = dtype.type(x_levels if self.blocks == 2 else 0)
-        self.w_lo_at = 1 if self.blocks == 3 else 0
+        self.levels = dtype.type(x_levels if self.blocks == 2 or self.bf16 else 0)
+        self.w_lo_at = 1 if self.blocks == 3 and not self.bf16 else 0
+        pdtype = np.dtype(np.uint16) if self.bf16 else dtype  # the GEMMs' operands' storage: BF16 as uint16
         ctype, vtype = {np.dtype(np.float32): ("float", "float4"), np.dtype(np.float64): ("double", "double2")}[dtype]
         vec = 16 // dtype.itemsize
         hw_len = -(-(layout.C + 1) // vec) * vec
@@ -530,12 +573,14 @@ class FusedStep:
         defines |= {"HID_ROWS": self.HID_ROWS, "OUT_WARPS": self.out_warps, "OUT_UNROLL": self.OUT_UNROLL}
         defines |= {"HID_WARPS": self.HID_WARPS, "HID_H": self.HID_H, "HID_S": self.hid_s}
         defines |= {"HID_MIN_BLOCKS": self.HID_MIN_BLOCKS * 4 // dtype.itemsize}
-        head = f"typedef {ctype} T;\ntypedef {vtype} V;\n" + "".join(f"#define {k} {v}\n" for k, v in defines.items())
+        defines |= {"BF16": int(self.bf16)}
+        head = f"typedef {ctype} T;\ntypedef {vtype} V;\ntypedef {'unsigned short' if self.bf16 else 'T'} P;\n"
+        head += "".join(f"#define {k} {v}\n" for k, v in defines.items())
         module = cp.RawModule(code=head + self.KERNELS)
         names = ("split_tf32", "prepare_x", "output_layer_rows", "hidden_grad_rows", "output_layer_t", "hidden_grad_t")
         names += ("sgd_update",)
         self._kernel = {name: module.get_function(name) for name in names}
-        self.gemm = Gemm(dtype, tensor_cores=gemm in TENSOR_CORE_GEMMS)
+        self.gemm = Gemm(dtype, tensor_cores=gemm in TENSOR_CORE_GEMMS, bf16=self.bf16)
         self.alpha = 1 / self.levels if self.levels else 1  # the GEMMs' scale, with X as its levels
         D, H, C = layout.D, layout.H, layout.C
         # Row h: W2[:, h], b1[h], zeros; kept by update(). The kernels read each row in 16-byte loads.
@@ -558,18 +603,20 @@ class FusedStep:
         # BENCHMARKS.md).
         self.transposed = gemm in TENSOR_CORE_GEMMS and dtype == np.float32
         if self.transposed:
-            self.ld = self.blocks * self.padded(max_rows)
-            self.z = cp.zeros((H, self.ld), dtype=dtype)  # z1^T, then dz1^T
-            self.xt = cp.zeros((D, self.ld), dtype=dtype)
+            width = self.blocks * self.padded(max_rows)  # dz1^T's and xt's columns: parts side by side
+            self.ld = self.padded(max_rows) if self.bf16 else width
+            self.z = cp.zeros((H, self.ld), dtype=dtype)  # z1^T, then dz1^T (BF16: its parts in dz)
+            self.dz = cp.zeros((H, width), dtype=pdtype) if self.bf16 else self.z
+            self.xt = cp.zeros((D, width), dtype=pdtype)
             self.e = cp.empty((C, self.padded(max_rows)), dtype=dtype)  # (softmax(z2) - onehot(y))^T
         else:
-            self.z = cp.empty((max_rows, H), dtype=dtype)  # z1, then dz1
+            self.z = self.dz = cp.empty((max_rows, H), dtype=dtype)  # z1, then dz1
             self.xt = None  # the GEMMs read X as it is
             self.e = cp.empty((max_rows, C), dtype=dtype)  # softmax(z2) - onehot(y)
         if self.split:
-            # The GEMMs' operands as TF32 parts. In z1's, small products first (summed first, they lose less).
-            self.xcat = cp.empty((max_rows, self.blocks * D), dtype=dtype)  # [X_lo | X_hi | X_hi] or [k | k]
-            self.w1cat = cp.empty((H, self.blocks * D), dtype=dtype)  # [W1_hi | W1_lo | W1_hi] or [W1_lo | W1_hi]
+            # The GEMMs' operands as parts. In z1's, small products first (summed first, they lose less).
+            self.xcat = cp.empty((max_rows, self.blocks * D), dtype=pdtype)  # [X_lo | X_hi | X_hi] or [k | k ...]
+            self.w1cat = cp.empty((H, self.blocks * D), dtype=pdtype)  # [W1_hi | W1_lo | W1_hi], [W1_lo | W1_hi] ...
             self._split(self.p.W1, self.w1cat)  # kept by update()
         else:
             self.xcat = self.w1cat = cp.empty(1, dtype=dtype)  # unused kernel arguments
@@ -595,12 +642,12 @@ class FusedStep:
         w1 = self.w1cat if self.split else self.p.W1
         self.w1_part = [w1[lo:hi] for lo, hi in rows]
 
-        def of_rows(lo: int, hi: int) -> Any:  # z1 (or dz1) of W1's rows [lo, hi)
-            return self.z[lo:hi] if self.transposed else self.z[:, lo:hi]
+        def of_rows(z: Any, lo: int, hi: int) -> Any:  # z1 (or dz1) of W1's rows [lo, hi)
+            return z[lo:hi] if self.transposed else z[:, lo:hi]
 
-        self.z1_part = [of_rows(lo, hi) for lo, hi in rows]
+        self.z1_part = [of_rows(self.z, lo, hi) for lo, hi in rows]
         self.gw1_part = [self.g.W1[lo:hi] for lo, hi in dw1_rows]
-        self.dz1_part = [of_rows(lo, hi) for lo, hi in dw1_rows]
+        self.dz1_part = [of_rows(self.dz, lo, hi) for lo, hi in dw1_rows]
         # sgd_update's launch per range of the parameters: all, or with overlap [0, cut) and the rest.
         sm = cp.cuda.Device().attributes["MultiProcessorCount"]
         ranges = [(0, self.cut), (self.cut, layout.size)] if self.overlap else [(0, layout.size)]
@@ -636,7 +683,7 @@ class FusedStep:
         None where there is nothing to prepare (SGEMM, DGEMM) or no memory for it."""
         if not self.transposed:
             return None
-        cp, D, dtype = self.cp, self.layout.D, self.params.dtype
+        cp, D, dtype = self.cp, self.layout.D, self.xt.dtype
         sizes = [hi - lo for lo, hi in rows]
         cols = [self.blocks * self.padded(n) for n in sizes]
         try:
@@ -718,8 +765,8 @@ class FusedStep:
             self._kernel["hidden_grad_t"](
                 (-(-H // self.HID_H), -(-part // self.hid_s)), (32, self.HID_WARPS),
                 (self.z, np.int32(self.ld), self.hw, self.e, np.int32(self.e.shape[1]), np.int32(n), np.int32(H),
-                 self.scalar(scale), np.int32(self.blocks), np.int32(self.w_lo_at), np.int32(part), g.b1, g.W2,
-                 g.b2),
+                 self.scalar(scale), np.int32(self.blocks), np.int32(self.w_lo_at), np.int32(part), self.dz,
+                 np.int32(leading(self.dz)), g.b1, g.W2, g.b2),
             )  # fmt: skip
         else:
             self._kernel["hidden_grad_rows"](
@@ -789,10 +836,12 @@ class FusedStep:
 
 
 def gemm_products(gemm: str, dtype: Any, x_levels: int | None) -> int:
-    """Products each of the fused step's large GEMMs sums (its operands' TF32 parts): 3 for tf32x3
-    in float32, 2 if x_levels says X is exact in TF32 as k = x_levels X, else 1."""
-    if gemm != "tf32x3" or np.dtype(dtype) != np.float32:
+    """Products each of the fused step's large GEMMs sums (its operands' parts): 3 for tf32x3 in
+    float32, 2 if x_levels says X is exact in TF32 as k = x_levels X; 3 for bf16x3; else 1."""
+    if gemm not in SPLIT_GEMMS or np.dtype(dtype) != np.float32:
         return 1
+    if gemm == "bf16x3":
+        return 3
     return 2 if x_levels is not None and 0 < x_levels <= TF32_EXACT_INTEGERS else 3
 
 
