@@ -43,7 +43,8 @@ def test_unknown_fp32_gemm_is_rejected_by_hydra():
 
 
 def test_gemm_mode_follows_tf32_dtype_and_fp32_gemm():
-    assert gemm_mode(compose([])) == "tf32x3"
+    assert gemm_mode(compose([])) == "bf16x3"
+    assert gemm_mode(compose(["fp32_gemm=tf32x3"])) == "tf32x3"
     assert gemm_mode(compose(["fp32_gemm=sgemm"])) == "sgemm"
     assert gemm_mode(compose(["tf32=true"])) == "tf32"
     assert gemm_mode(compose(["dtype=float64"])) == "dgemm"
@@ -62,7 +63,7 @@ def test_true_is_rejected_with_the_choices(key):
         (["nproc=2", "fp32_gemm=sgemm", "hidden=2048"], "fused", True),  # auto: on where it paid
         (["nproc=2", "fp32_gemm=sgemm"], "fused", False),  # SGEMM at H=512: it lost
         (["nproc=2", "fp32_gemm=sgemm", "hidden=4096"], "fused", False),  # and at 4096
-        (["nproc=2", "hidden=2048"], "fused", False),  # the default tf32x3: it lost at 1600 rows per GPU
+        (["nproc=2", "hidden=2048"], "fused", False),  # tensor cores (default bf16x3; tf32x3 lost at 1600 rows per GPU)
         (["nproc=2", "tf32=true", "hidden=2048"], "fused", False),  # TF32: it lost
         (["nproc=2", "dtype=float64", "hidden=2048"], "fused", False),  # DGEMM: not measured, off
         (["nproc=2", "overlap=always"], "fused", True),
@@ -125,9 +126,10 @@ def test_tf32_needs_float32():
 @pytest.mark.parametrize(
     ("overrides", "x_levels", "products"),
     [
-        ([], 255, 2),  # the default tf32x3 on the trainer's pixels: X exact in TF32
-        ([], None, 3),  # inputs with no promise: X split too
-        ([], 4096, 3),  # levels past TF32's 11 bits are not exact
+        ([], 255, 3),  # the default bf16x3 on the trainer's pixels: three BF16 products, X exact in BF16
+        (["fp32_gemm=tf32x3"], 255, 2),  # two TF32 products: X exact in TF32
+        (["fp32_gemm=tf32x3"], None, 3),  # inputs with no promise: X split too
+        (["fp32_gemm=tf32x3"], 4096, 3),  # levels past TF32's 11 bits are not exact
         (["fp32_gemm=sgemm"], 255, 1),
         (["fp32_gemm=bf16x3"], 255, 3),  # three BF16 products, X exact in BF16
         (["tf32=true"], 255, 1),

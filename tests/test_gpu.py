@@ -229,12 +229,12 @@ def test_tf32_run_stays_close_to_float32(idx_dir, mlflow_uri, tmp_path):
         ("always", [], 1e-12, True, "off", 1),  # DGEMM, like SGEMM: sums beside the GEMMs, no window (auto)
         ("always", ["hidden=1"], 1e-12, True, "off", 1),  # W1's second half has no rows: only b1, W2, b2, loss
         ("always", ["dtype=float32", "fp32_gemm=tf32x3", "hidden=300"], 1e-5, True, "symmetric", 2),
-        # overlap=auto: on where it was measured to pay, not with the default tf32x3. At H=2048 in
+        # overlap=auto: on where it was measured to pay, not with tensor cores (default bf16x3). At H=2048 in
         # float32 lr=0.3 amplifies rounding to 1e-3 in two epochs (with or without overlap): lr=0.01.
         ("auto", ["dtype=float32", "fp32_gemm=sgemm", "hidden=2048", "lr=0.01"], 1e-5, True, "off", 1),
-        ("auto", ["dtype=float32", "hidden=2048", "lr=0.01"], 1e-5, False, "symmetric", 2),  # the pixels: 2 products
+        ("auto", ["dtype=float32", "hidden=2048", "lr=0.01"], 1e-5, False, "symmetric", 3),  # bf16x3: 3 BF16 products
         ("never", ["dtype=float32", "tf32=true", "nccl_window=never"], 1e-2, False, "off", 1),
-        ("never", ["dtype=float32", "fp32_gemm=bf16x3", "hidden=300"], 1e-5, False, "symmetric", 3),
+        ("always", ["dtype=float32", "hidden=300"], 1e-5, True, "symmetric", 3),  # bf16x3 overlapped
     ],
 )
 def test_nccl_allreduce_matches_reference(
