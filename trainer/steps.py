@@ -19,7 +19,7 @@ H100, benchmarks/gpu_gemm.py). SGEMM and DGEMM keep z1 row-major (B x H), dz1 wr
 their GEMMs gain nothing from either layout, and their overlapped step (below) was measured
 faster with it.
 
-In float32 the large GEMMs run one of three ways (``gemm``):
+In float32 the large GEMMs run one of four ways (``gemm``):
 - ``sgemm``: cuBLAS SGEMM on the CUDA cores (float32 products and sums);
 - ``tf32``: TF32 tensor cores (10-bit mantissa inputs, about 1e-3 relative per product);
 - ``tf32x3``: float32 accuracy on TF32 tensor cores. Each operand is split into a TF32 high part and a
@@ -37,6 +37,13 @@ In float32 the large GEMMs run one of three ways (``gemm``):
   GEMMs then multiply k itself, [W1_lo | W1_hi] against [k | k] and [dz1_lo | dz1_hi] against
   [k | k] (K = 2D and 2n), and scale by 1/255 through cuBLAS's alpha: a third less tensor-core
   work, and X's and dz1's third parts are never written.
+- ``bf16x3`` (the trainer's default): float32 accuracy from three BF16 tensor-core products, for
+  inputs whose levels BF16 holds exactly (k <= 256: the pixels). W1 and dz1 are split into
+  BF16 parts (a float32's top 16 bits: hi and mid truncated, lo rounded; v = hi + mid + lo to
+  about 2^-24), [lo | mid | hi] against [k | k | k], K = 3D and 3n, through cublasGemmEx. BF16
+  runs at twice TF32's rate, so three BF16 products take three quarters of two TF32 ones, and
+  with 24 bits of W1 and dz1 instead of 22 the gradient is closer to SGEMM's (BENCHMARKS.md).
+  Its parts are 16-bit, so dz1's are written to a buffer of their own, not over z1^T.
 
 With NCCL the fused step can hide the all-reduce behind its own compute (``overlap``): W1's rows
 are taken in two halves. With SGEMM the sum of the first half's dW1 runs on a side stream while
@@ -679,7 +686,8 @@ class FusedStep:
         """Every batch's X (rows [lo, hi) of x, on the device) prepared for the tensor-core GEMMs
         at once, for runs whose batches are the same every epoch (no shuffling): given one of
         these, forward skips prepare_x (8 to 28 us a step at H=2048, B=3200; BENCHMARKS.md). Costs
-        the memory of X once (TF32) or four times (xcat and xt, two parts each; three: six).
+        the memory of X once (TF32), three times (bf16x3: xcat and xt, three 16-bit parts each)
+        or four (two TF32 parts each; three: six).
         None where there is nothing to prepare (SGEMM, DGEMM) or no memory for it."""
         if not self.transposed:
             return None
