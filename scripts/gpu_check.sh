@@ -24,7 +24,7 @@ for dtype in float32 float64; do
       mlflow.experiment=gpu-check "mlflow.run_name='$dtype lr=$1 epochs=$2 nproc=1'" | tail -n 12
   done
 done
-# The same check with the float32 GEMMs on the CUDA cores (SGEMM) instead of TF32 products.
+# The same check with the float32 GEMMs on the CUDA cores (SGEMM) instead of tensor-core products.
 python3 -m trainer device=gpu dtype=float32 fp32_gemm=sgemm lr=1e-4 epochs=1 data.dir=$DATA data.n_train=38400 \
   mlflow.experiment=gpu-check "mlflow.run_name='float32 sgemm lr=1e-4 epochs=1 nproc=1'" | tail -n 12
 python3 -m trainer device=gpu nproc=2 dtype=float32 lr=1e-4 epochs=1 data.dir=$DATA data.n_train=38400 \
