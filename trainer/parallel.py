@@ -142,8 +142,9 @@ class HostAllreduce:
 
 # Thread blocks of NCCL's symmetric all-reduce kernel (NCCL_SYM_CTAS, unless the environment sets
 # it): NCCL's own choice, 7, summed the 6.5 MB gradient in 35 us at 2 H200s and 45 at 4; 16 blocks
-# in 30 and 43 (BENCHMARKS.md).
-WINDOW_CTAS = 16
+# in 30 and 44; 32 in 30 and 42, the 4-GPU TF32 step 0.190 ms against 0.194 (64: no better;
+# BENCHMARKS.md).
+WINDOW_CTAS = 32
 
 
 class NcclAllreduce:

@@ -175,6 +175,39 @@ __device__ inline void put_parts(P* at, const long long stride, const int parts,
 #endif
 }
 
+// VEC consecutive values v[0..VEC) of one row as put_parts does, VEC at a time: each part's VEC
+// values go out in one store (one V; BF16: VEC = 4 16-bit values, 8 bytes), so `at` must be
+// aligned to that store. Only for the parts of W1 and dz1: BF16's three [lo | mid | hi] (lo_at
+// and parts unused), TF32's as put_parts (lo_at >= 0). Every array index is known at compile time
+// once unrolled: a runtime one puts q in local memory (the hidden gradient took 52 us, not 32).
+__device__ inline void put_parts_vec(P* at, const long long stride, const int parts, const T* v, const int lo_at) {
+#if BF16
+    unsigned short q[VEC][3];
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) bf16_parts(v[i], q[i]);
+#pragma unroll
+    for (int p = 0; p < 3; ++p) {
+        const uint2 four = {q[0][p] | ((unsigned)q[1][p] << 16), q[2][p] | ((unsigned)q[3][p] << 16)};
+        *reinterpret_cast<uint2*>(at + p * stride) = four;
+    }
+#else
+    V hv, lv;
+    T *hi = reinterpret_cast<T*>(&hv), *lo = reinterpret_cast<T*>(&lv);
+    if (parts == 1) {
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) hi[i] = v[i];
+        *reinterpret_cast<V*>(at) = hv;
+        return;
+    }
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) {
+        hi[i] = tf32(v[i]);
+        lo[i] = tf32(v[i] - hi[i]);
+    }
+    for (int p = 0; p < parts; ++p) *reinterpret_cast<V*>(at + p * stride) = p == lo_at ? lv : hv;
+#endif
+}
+
 extern "C" __global__ void split_tf32(const T* x, const int rows, const int d, const int parts, const int lo_at,
                                       P* out) {
     // out (rows x parts d) <- each row of x (rows x d) as its TF32 parts, side by side (put_parts).
@@ -424,11 +457,8 @@ hidden_grad_t(T* zt, const int ld, const T* __restrict__ hw, const T* __restrict
         for (int k = 0; k < HID_S / (32 * VEC); ++k) {
             const int s = VEC * (32 * k + lane), r = s0 + s;
             if (r >= part) break;
-            T* out = row + s;
-            V dv;
             const T* z = reinterpret_cast<const T*>(&zv[k]);
-            T* d = reinterpret_cast<T*>(&dv);
-            T a[VEC], da[VEC];
+            T a[VEC], da[VEC], d[VEC];
 #pragma unroll
             for (int i = 0; i < VEC; ++i) {
                 a[i] = r + i < n ? sigmoid(z[i] + w[C]) : (T)0;  // 0: no dz1, no dW2 term
@@ -449,29 +479,8 @@ hidden_grad_t(T* zt, const int ld, const T* __restrict__ hw, const T* __restrict
                 d[i] = scale * da[i] * a[i] * ((T)1 - a[i]);
                 db += d[i];
             }
-#if BF16
-            {  // VEC = 4 samples: 8 bytes per part
-                unsigned short q[VEC][3];
-#pragma unroll
-                for (int i = 0; i < VEC; ++i) bf16_parts(d[i], q[i]);
-                P* dout = dp + (long long)h * dld + s0 + s;
-#pragma unroll
-                for (int p = 0; p < 3; ++p) {
-                    const uint2 two = {q[0][p] | ((unsigned)q[1][p] << 16), q[2][p] | ((unsigned)q[3][p] << 16)};
-                    *reinterpret_cast<uint2*>(dout + p * part) = two;  // 4 samples' part p
-                }
-            }
-#else
-            if (parts > 1) {
-                V hv, lv;
-                T *hi = reinterpret_cast<T*>(&hv), *lo = reinterpret_cast<T*>(&lv);
-#pragma unroll
-                for (int i = 0; i < VEC; ++i) { hi[i] = tf32(d[i]); lo[i] = tf32(d[i] - hi[i]); }
-                for (int p = 0; p < parts; ++p) *reinterpret_cast<V*>(out + p * part) = p == lo_at ? lv : hv;
-            } else {
-                *reinterpret_cast<V*>(out) = dv;
-            }
-#endif
+            // BF16: the parts to dp; else over z1^T, where they were read
+            put_parts_vec(BF16 ? dp + (long long)h * dld + s0 + s : (P*)(row + s), part, parts, d, lo_at);
         }
         for (int off = 16; off > 0; off >>= 1) {
             db += __shfl_xor_sync(0xffffffff, db, off);
@@ -493,11 +502,38 @@ extern "C" __global__ void sgd_update(T* p, const T* g, const long long begin, c
     // p[k] <- p[k] - lr (g[k] + reg W) for k in [begin, end) (biases: no reg). loss_out[0] +=
     // reg/2 ||W||^2 over these weights before the update, and inv_batch * ce_sum[0] unless ce_sum
     // is null; loss_out must start at 0. The new b1 and W2 also go into hw (H x HW) for
-    // output_layer; with parts > 1, the new W1 into w1cat (H x parts D) as its TF32 parts, lo in
-    // block lo_at (put_parts), for the next forward's tf32x3 GEMM.
+    // output_layer; with parts > 1, the new W1 into w1cat (H x parts D) as its TF32 (or BF16)
+    // parts, lo in block lo_at (put_parts), for the next forward's split GEMM. [begin, end) starts
+    // on a row of W1 (FusedStep cuts on rows). W1's rows go a V at a time when D is a multiple of
+    // VEC (a V never straddles two rows): one 16-byte load or store per V instead of VEC, and one
+    // division by D per V: at H=2048 bf16x3's update takes 9.8 us so, 13.6 one value a thread (BENCHMARKS.md).
     T pen = 0;
-    for (long long k = begin + blockIdx.x * (long long)blockDim.x + threadIdx.x; k < end;
-         k += (long long)gridDim.x * blockDim.x) {
+    const long long first = begin + blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    long long rest = begin;  // where the scalar loop starts
+    const bool aligned = ((unsigned long long)p | (unsigned long long)g | (unsigned long long)w1cat) % 16 == 0;
+    if (D % VEC == 0 && aligned && begin < w1_end) {
+        const long long v_end = (min(end, w1_end) - begin) / VEC;  // whole rows: a multiple of D / VEC
+        for (long long i = first - begin; i < v_end; i += stride) {
+            const long long k = begin + i * VEC;
+            const V wv = *reinterpret_cast<const V*>(p + k), gv = *reinterpret_cast<const V*>(g + k);
+            const T *w = reinterpret_cast<const T*>(&wv), *gk = reinterpret_cast<const T*>(&gv);
+            V nv;
+            T* v = reinterpret_cast<T*>(&nv);
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) {
+                pen += w[j] * w[j];
+                v[j] = w[j] - lr * (gk[j] + reg * w[j]);
+            }
+            *reinterpret_cast<V*>(p + k) = nv;
+            if (parts > 1) {
+                const long long row = k / D;
+                put_parts_vec(w1cat + row * parts * D + (k - row * D), D, parts, v, lo_at);
+            }
+        }
+        rest = min(end, w1_end);
+    }
+    for (long long k = rest + first - begin; k < end; k += stride) {
         const T w = p[k];
         T gk = g[k];
         if (k < w1_end || (k >= w2_begin && k < w2_end)) { pen += w * w; gk += reg * w; }
