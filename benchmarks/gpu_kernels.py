@@ -4,11 +4,12 @@
 
 GPU time per launch without the CPU's launch cost (20 launches captured in a CUDA graph) of
 output_layer and hidden_grad over their block shapes (trainer/steps.py: output_layer's warps per
-block and rows loaded at once; hidden_grad's warps, hidden units and samples per block),
-hidden_grad as the TF32 step runs it (dz1^T over z1^T), as the 3xTF32 step does (its three
-TF32 parts: 26 MB read, 79 MB written) and as the 2xTF32 one (tf32x3 on pixels: two parts, 52 MB
-written). This is how FusedStep's OUT_* and HID_* shapes were
-chosen. With --profile-target it only launches the two kernels of the TF32 step twice each, for
+block, rows loaded at once and samples per block; hidden_grad's warps, hidden units and samples
+per block), hidden_grad as the TF32 step runs it (dz1^T over z1^T), as the 3xTF32 step does (its
+three TF32 parts: 26 MB read, 79 MB written), as the 2xTF32 one (tf32x3 on pixels: two parts, 52
+MB written) and as the 3xBF16 one (bf16x3, the default: three BF16 parts, 39 MB, to a buffer of
+their own). This is how FusedStep's OUT_* and HID_* shapes were chosen. With --profile-target it
+only launches the two kernels of the TF32 step twice each, for
 Nsight Compute (BENCHMARKS.md).
 """
 
@@ -23,8 +24,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_common import PIXEL_LEVELS, fused_step, inputs, time_ms
 
 H, B = 2048, 3200
-# (OUT_WARPS, OUT_UNROLL) and (HID_WARPS, HID_H, HID_ITER): see FusedStep
-OUT_SHAPES = ((32, 2), (32, 1), (32, 4), (16, 2), (8, 2))
+# (OUT_WARPS, OUT_UNROLL, OUT_SAMPLES) and (HID_WARPS, HID_H, HID_ITER): see FusedStep
+OUT_SHAPES = ((32, 2, 32), (32, 1, 32), (32, 4, 32), (16, 2, 32), (8, 2, 32))
+OUT_SHAPES += ((32, 2, 16), (32, 1, 16), (16, 2, 16), (16, 4, 16), (16, 1, 16), (8, 4, 16))
 HID_SHAPES = ((8, 32, 4), (4, 16, 4), (4, 32, 4), (8, 16, 4), (4, 16, 2), (8, 32, 2), (4, 16, 8))
 
 
@@ -70,19 +72,21 @@ def main() -> None:
         profile_target(x, y)
         return
     print(f"output_layer, us per launch ({cp.cuda.runtime.getDeviceProperties(0)['name'].decode()})")
-    print(f"{'warps':>5s} {'rows at once':>12s} {'us':>7s}")
-    for warps, unroll in OUT_SHAPES:
-        s = shaped("tf32", x, y, OUT_WARPS=warps, OUT_UNROLL=unroll)
+    print(f"{'warps':>5s} {'rows at once':>12s} {'samples/block':>13s} {'blocks':>6s} {'us':>7s}")
+    for warps, unroll, samples in OUT_SHAPES:
+        s = shaped("tf32", x, y, OUT_WARPS=warps, OUT_UNROLL=unroll, OUT_SAMPLES=samples)
         us = graph_ms(lambda s=s: s.output_layer(y)) * 1e3
-        print(f"{warps:5d} {unroll:12d} {us:7.1f}")
-    print("\nhidden_grad, us per launch (TF32: dz1^T over z1^T; 3xTF32, 2xTF32: its three, two TF32 parts)")
-    print(f"{'warps':>5s} {'hidden/block':>12s} {'samples/block':>13s} {'TF32':>7s} {'3xTF32':>7s} {'2xTF32':>7s}")
+        print(f"{warps:5d} {unroll:12d} {samples:13d} {B // samples:6d} {us:7.1f}")
+    print("\nhidden_grad, us per launch (TF32: dz1^T over z1^T; 3xTF32, 2xTF32: its three, two TF32 parts;")
+    print("3xBF16: three BF16 parts to a buffer of their own)")
+    head = f"{'warps':>5s} {'hidden/block':>12s} {'samples/block':>13s}"
+    print(head + "".join(f"{m:>8s}" for m in ("TF32", "3xTF32", "2xTF32", "3xBF16")))
     for warps, hid_h, hid_iter in HID_SHAPES:
         times = []
-        for gemm, levels in (("tf32", None), ("tf32x3", None), ("tf32x3", PIXEL_LEVELS)):
+        for gemm, levels in (("tf32", None), ("tf32x3", None), ("tf32x3", PIXEL_LEVELS), ("bf16x3", PIXEL_LEVELS)):
             s = shaped(gemm, x, y, levels, HID_WARPS=warps, HID_H=hid_h, HID_ITER=hid_iter)
             times.append(graph_ms(lambda s=s: s.hidden_gradient(B, 1 / B)) * 1e3)
-        print(f"{warps:5d} {hid_h:12d} {s.hid_s:13d} " + " ".join(f"{t:7.1f}" for t in times))
+        print(f"{warps:5d} {hid_h:12d} {s.hid_s:13d}" + "".join(f"{t:8.1f}" for t in times))
 
 
 if __name__ == "__main__":

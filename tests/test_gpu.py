@@ -91,6 +91,34 @@ def test_fused_step_matches_generic_step(dtype, gemm, x_levels, shuffle, tol):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize(("warps", "samples"), [(32, 32), (32, 16), (16, 16)])
+def test_output_layer_block_shapes(warps, samples):
+    """The tensor cores' output layer in blocks of 32 samples or of 16 (a warp then loads two rows
+    of z1^T at once): softmax(z2) - onehot(y) and the summed cross-entropy of every sample against
+    NumPy's from the same z1, with a last block part-filled (n = 203) and H = 300 rows."""
+    import cupy
+
+    from trainer.steps import FusedStep
+
+    n, layout = 203, model.Layout(D=784, H=300)
+    ds = data.load(None, n, None, "float32")
+    params = cupy.asarray(model.init_params(layout, 2, "float32"))
+    gbuf = cupy.zeros(layout.size + 1, dtype=np.float32)
+    shaped = type("Shaped", (FusedStep,), {"OUT_WARPS": warps, "OUT_SAMPLES": samples})
+    step = shaped(layout, params, gbuf, n, "tf32")
+    step.forward(cupy.asarray(ds.x_train), cupy.asarray(ds.y_train))
+    p = layout.views(params.get().astype(np.float64))
+    a = 1 / (1 + np.exp(-(step.z[:, :n].get() + p.b1[:, None])))  # H x n, z1^T as the GEMM wrote it
+    z2 = p.W2 @ a + p.b2[:, None]
+    yhat = np.exp(z2 - z2.max(axis=0))
+    yhat /= yhat.sum(axis=0)
+    onehot = np.eye(layout.C)[:, ds.y_train]
+    np.testing.assert_allclose(step.e[:, :n].get(), yhat - onehot, atol=1e-6)
+    ce = -np.log(yhat[ds.y_train, np.arange(n)]).sum()
+    assert abs(float(gbuf[-1].get()) - ce) < 1e-5 * ce
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize(
     ("gemm", "x_levels", "blocks"),
     [("tf32", None, 1), ("tf32x3", None, 3), ("tf32x3", data.PIXEL_LEVELS, 2), ("bf16x3", data.PIXEL_LEVELS, 3)],

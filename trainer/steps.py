@@ -350,23 +350,26 @@ output_layer_t(const T* __restrict__ zt, const int ld, const T* __restrict__ hw,
                const long long* __restrict__ y, const int n, const int H, T* __restrict__ et, const int estride,
                T* ce_sum) {
     // z1^T is zt's first n columns (H x n, row stride ld, without b1). Block (32 x OUT_WARPS
-    // threads): the 32 samples from s0 = 32 blockIdx.x (lane l: sample s0 + l) against every
-    // hidden unit (warp w: every OUT_WARPS-th from w, OUT_UNROLL of them loaded at once; W2[:, h]
-    // and b1[h], row h of hw, the same for the whole warp): z2 = a W2^T + b2, a = sigmoid(z1 + b1).
+    // threads): the OUT_S samples (32 or 16) from s0 = OUT_S blockIdx.x against every hidden unit:
+    // lane l takes sample s0 + l % OUT_S of the rows h with h % RW = l / OUT_S (RW = 32 / OUT_S
+    // rows a warp loads at once; warp w every OUT_WARPS RW-th from w RW, OUT_UNROLL at once;
+    // W2[:, h] and b1[h], row h of hw): z2 = a W2^T + b2, a = sigmoid(z1 + b1).
     // Writes e^T = (softmax(z2) - onehot(y))^T into et (C x estride, zeros past n) and adds the
     // rows' cross-entropies to ce_sum[0] (zeroed by the caller). The whole H in one block: the
     // warps' sums meet in shared memory, not across blocks.
     __shared__ T part[OUT_WARPS][C][32];  // the warps' logits of the block's 32 samples
-    const int lane = threadIdx.x, warp = threadIdx.y, r = blockIdx.x * 32 + lane;
+    constexpr int RW = 32 / OUT_S, STEP = OUT_WARPS * RW;  // rows per warp, per pass of the block
+    const int lane = threadIdx.x, warp = threadIdx.y, r = blockIdx.x * OUT_S + lane % OUT_S;
     T acc[C];
 #pragma unroll
     for (int c = 0; c < C; ++c) acc[c] = 0;
-    for (int h = warp; h < H; h += OUT_WARPS * OUT_UNROLL) {
+    for (int h0 = warp * RW; h0 < H; h0 += STEP * OUT_UNROLL) {
+        const int h = h0 + lane / OUT_S;
         V wv[OUT_UNROLL][HW / VEC];  // W2[:, h], b1[h]: HW / VEC vector loads, not C + 1 scalar ones
         T z[OUT_UNROLL];
 #pragma unroll
         for (int u = 0; u < OUT_UNROLL; ++u) {  // every load first: OUT_UNROLL rows in flight
-            const int hu = min(h + u * OUT_WARPS, H - 1);  // past H: a valid row, its a masked below
+            const int hu = min(h + u * STEP, H - 1);  // past H: a valid row, its a masked below
 #pragma unroll
             for (int v = 0; v < HW / VEC; ++v) wv[u][v] = reinterpret_cast<const V*>(hw + (long long)hu * HW)[v];
             z[u] = r < n ? zt[(long long)hu * ld + r] : (T)0;
@@ -374,13 +377,16 @@ output_layer_t(const T* __restrict__ zt, const int ld, const T* __restrict__ hw,
 #pragma unroll
         for (int u = 0; u < OUT_UNROLL; ++u) {
             const T* w = reinterpret_cast<const T*>(wv[u]);
-            const T a = h + u * OUT_WARPS < H ? sigmoid(z[u] + w[C]) : (T)0;
+            const T a = h + u * STEP < H ? sigmoid(z[u] + w[C]) : (T)0;
 #pragma unroll
             for (int c = 0; c < C; ++c) acc[c] += a * w[c];
         }
     }
 #pragma unroll
-    for (int c = 0; c < C; ++c) part[warp][c][lane] = acc[c];
+    for (int c = 0; c < C; ++c) {
+        for (int off = 16; off >= OUT_S; off >>= 1) acc[c] += __shfl_down_sync(0xffffffff, acc[c], off);
+        part[warp][c][lane] = acc[c];  // lanes past OUT_S: partial sums, not read
+    }
     __syncthreads();
     if (warp < C) {  // warp c: logit c of the 32 samples
         T z = b2[warp];
@@ -389,6 +395,7 @@ output_layer_t(const T* __restrict__ zt, const int ld, const T* __restrict__ hw,
     }
     __syncthreads();
     if (warp > 0) return;
+    const bool mine = lane < OUT_S;  // lanes past OUT_S repeat samples: they write nothing
     T z[C], m, s = 0, zy = 0;
     const int yr = r < n ? (int)y[r] : -1;
 #pragma unroll
@@ -401,10 +408,10 @@ output_layer_t(const T* __restrict__ zt, const int ld, const T* __restrict__ hw,
         s += exp(z[c] - m);
         zy = c == yr ? z[c] : zy;
     }
-    T loss = r < n ? log(s) + m - zy : (T)0;  // -log softmax(z2)_y
+    T loss = mine && r < n ? log(s) + m - zy : (T)0;  // -log softmax(z2)_y
 #pragma unroll
     for (int c = 0; c < C; ++c)
-        et[(long long)c * estride + r] = r < n ? exp(z[c] - m) / s - (c == yr ? (T)1 : (T)0) : (T)0;
+        if (mine) et[(long long)c * estride + r] = r < n ? exp(z[c] - m) / s - (c == yr ? (T)1 : (T)0) : (T)0;
     for (int off = 16; off > 0; off >>= 1) loss += __shfl_xor_sync(0xffffffff, loss, off);
     if (lane == 0) atomicAdd(ce_sum, loss);
 }
@@ -574,6 +581,7 @@ class FusedStep:
     # its shared memory) and rows a warp loads at once; hidden_grad_t's warps, hidden units and
     # samples / (32 VEC) per block, and its blocks per SM (registers capped at 64; float64: half).
     OUT_WARPS, OUT_UNROLL = 32, 2
+    OUT_SAMPLES = 32  # output_layer_t's samples per block: 32, or 16 (two rows a warp)
     HID_WARPS, HID_H, HID_ITER = 8, 32, 4
     HID_MIN_BLOCKS = 4
     FIRST_PART = 0.5  # with overlap, the fraction of W1's rows summed first: the best measured
@@ -615,6 +623,7 @@ class FusedStep:
         defines = {"VEC": vec, "C": layout.C, "HW": hw_len, "THREADS": self.THREADS, "OUT_ROWS": self.OUT_ROWS}
         defines |= {"HID_ROWS": self.HID_ROWS, "OUT_WARPS": self.out_warps, "OUT_UNROLL": self.OUT_UNROLL}
         defines |= {"HID_WARPS": self.HID_WARPS, "HID_H": self.HID_H, "HID_S": self.hid_s}
+        defines |= {"OUT_S": self.OUT_SAMPLES}
         defines |= {"HID_MIN_BLOCKS": self.HID_MIN_BLOCKS * 4 // dtype.itemsize}
         defines |= {"BF16": int(self.bf16)}
         head = f"typedef {ctype} T;\ntypedef {vtype} V;\ntypedef {'unsigned short' if self.bf16 else 'T'} P;\n"
@@ -791,7 +800,7 @@ class FusedStep:
         n, H = len(y), self.layout.H
         if self.transposed:
             self._kernel["output_layer_t"](
-                (-(-n // 32),), (32, self.out_warps),
+                (self.padded(n) // self.OUT_SAMPLES,), (32, self.out_warps),
                 (self.z, np.int32(self.ld), self.hw, self.p.b2, y, np.int32(n), np.int32(H), self.e,
                  np.int32(self.e.shape[1]), self.ce_sum),
             )  # fmt: skip
