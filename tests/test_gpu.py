@@ -70,16 +70,36 @@ def gpu_count() -> int:
 def test_fused_step_matches_generic_step(dtype, gemm, x_levels, shuffle, tol):
     """The fused kernels compute the generic path's function: weights and losses, a last batch
     that fills neither a block of rows nor one of columns (H=300 > 256 threads)."""
+    ds = data.load(None, 701, None, dtype)
+    schedule = Schedule(batch_size=256, lr=0.2, reg=1e-3, epochs=2, shuffle=shuffle, seed=5)
+    assert_fused_matches_generic(model.Layout(D=784, H=300), ds.x_train, ds.y_train, schedule, gemm, x_levels, tol)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    ("dtype", "gemm", "D"), [("float32", "sgemm", 30), ("float32", "bf16x3", 30), ("float64", "sgemm", 31)]
+)
+def test_fused_step_with_rows_of_odd_width(dtype, gemm, D):
+    """Inputs whose width D is not a multiple of the update's vector (4 float32s, 2 float64s):
+    sgd_update then takes W1 one value at a time, and the fused step still computes the generic
+    one's weights. Random pixels k / 255, as bf16x3 needs."""
+    rng = np.random.default_rng(0)
+    x = (rng.integers(0, 256, size=(300, D)) / data.PIXEL_LEVELS).astype(dtype)
+    y = rng.integers(0, 10, size=300).astype(np.int64)
+    schedule = Schedule(batch_size=128, lr=0.2, reg=1e-3, epochs=2, shuffle=False, seed=0)
+    tol = 1e-12 if dtype == "float64" else 1e-5
+    assert_fused_matches_generic(model.Layout(D=D, H=70), x, y, schedule, gemm, data.PIXEL_LEVELS, tol)
+
+
+def assert_fused_matches_generic(layout, x_host, y_host, schedule, gemm, x_levels, tol) -> None:
+    """Train from the same start with the generic and the fused step: the same weights and losses."""
     import cupy
 
-    ds = data.load(None, 701, None, dtype)
-    layout = model.Layout(D=784, H=300)
-    schedule = Schedule(batch_size=256, lr=0.2, reg=1e-3, epochs=2, shuffle=shuffle, seed=5)
-    x, y = cupy.asarray(ds.x_train), cupy.asarray(ds.y_train)
+    x, y = cupy.asarray(x_host), cupy.asarray(y_host)
     results = {}
     for kind in ("generic", "fused"):
         losses = []
-        params = cupy.asarray(model.init_params(layout, 1, dtype))
+        params = cupy.asarray(model.init_params(layout, 1, str(x_host.dtype)))
         fit(
             cupy, layout, params, x, y, schedule, on_epoch=lambda e, out=losses: out.append(e.losses),
             step_kind=kind, gemm=gemm, x_levels=x_levels,
