@@ -357,7 +357,7 @@ output_layer_t(const T* __restrict__ zt, const int ld, const T* __restrict__ hw,
     // Writes e^T = (softmax(z2) - onehot(y))^T into et (C x estride, zeros past n) and adds the
     // rows' cross-entropies to ce_sum[0] (zeroed by the caller). The whole H in one block: the
     // warps' sums meet in shared memory, not across blocks.
-    __shared__ T part[OUT_WARPS][C][32];  // the warps' logits of the block's 32 samples
+    __shared__ T part[OUT_WARPS][C][32];  // the warps' logits of the block's samples, lane by lane
     constexpr int RW = 32 / OUT_S, STEP = OUT_WARPS * RW;  // rows per warp, per pass of the block
     const int lane = threadIdx.x, warp = threadIdx.y, r = blockIdx.x * OUT_S + lane % OUT_S;
     T acc[C];
@@ -388,7 +388,7 @@ output_layer_t(const T* __restrict__ zt, const int ld, const T* __restrict__ hw,
         part[warp][c][lane] = acc[c];  // lanes past OUT_S: partial sums, not read
     }
     __syncthreads();
-    if (warp < C) {  // warp c: logit c of the 32 samples
+    if (warp < C) {  // warp c: logit c of the block's samples
         T z = b2[warp];
         for (int w = 0; w < OUT_WARPS; ++w) z += part[w][warp][lane];
         part[0][warp][lane] = z;
@@ -513,7 +513,7 @@ extern "C" __global__ void sgd_update(T* p, const T* g, const long long begin, c
     // parts, lo in block lo_at (put_parts), for the next forward's split GEMM. [begin, end) starts
     // on a row of W1 (FusedStep cuts on rows). W1's rows go a V at a time when D is a multiple of
     // VEC (a V never straddles two rows): one 16-byte load or store per V instead of VEC, and one
-    // division by D per V: at H=2048 bf16x3's update takes 9.8 us so, 13.6 one value a thread (BENCHMARKS.md).
+    // division by D per V (H=2048, bf16x3: 9.8 us, against 13.6 one value a thread; BENCHMARKS.md).
     T pen = 0;
     const long long first = begin + blockIdx.x * (long long)blockDim.x + threadIdx.x;
     const long long stride = (long long)gridDim.x * blockDim.x;
