@@ -2,14 +2,14 @@
 
     python benchmarks/gpu_gemm.py              # H=2048, B=3200 and 12800, every float32 mode
 
-For each GEMM of the step (z1 = X W1^T and dW1 = dz1^T X, with 3xTF32 their K-tripled forms),
-in the operands' layouts the step used and uses (z1^T = W1 X^T; dW1 from dz1^T and X, or from
-the K-major dz1^T and X^T),
-prints us per call of: cublasSgemm (trainer/gemm.py, what the step calls), cuBLASLt's first
-heuristic pick, and the fastest of its candidates each timed on the first call (autotuning, as
-PyTorch's TunableOp does), with each candidate's tile id and split-K; and the largest relative
-difference of the tuned result from cublasSgemm's. The autotuner lives here, not in the trainer:
-it gained nothing at the step's shapes (BENCHMARKS.md).
+For each GEMM of the step (z1 = X W1^T and dW1 = dz1^T X, with 3xTF32 and 3xBF16 their
+K-tripled forms; 3xBF16's operands BF16, its output float32), in the operands' layouts the step
+used and uses (z1^T = W1 X^T; dW1 from dz1^T and X, or from the K-major dz1^T and X^T), prints
+us per call of: cublasSgemm (cublasGemmEx for BF16; trainer/gemm.py, what the step calls),
+cuBLASLt's first heuristic pick, and the fastest of its candidates each timed on the first call
+(autotuning, as PyTorch's TunableOp does), with each candidate's tile id and split-K; and the
+largest relative difference of the tuned result from cublasSgemm's. The autotuner lives here,
+not in the trainer: it gained nothing at the step's shapes (BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import numpy as np
 from gpu_common import D, time_ms
 
 # cuBLASLt's C API (cublasLt.h, CUDA 12 and 13): the enum values and structs used here.
-_R_32F, _R_64F = 0, 1  # cudaDataType_t
+_R_32F, _R_64F, _R_16BF = 0, 1, 14  # cudaDataType_t
 _COMPUTE_32F, _COMPUTE_32F_FAST_TF32, _COMPUTE_64F = 68, 77, 70  # cublasComputeType_t
 _DESC_TRANSA, _DESC_TRANSB = 3, 4  # cublasLtMatmulDescAttributes_t
 _PREF_MAX_WORKSPACE_BYTES, _PREF_MIN_ALIGNMENT = 1, (5, 6, 7, 8)  # ...PreferenceAttributes_t: A, B, C, D
@@ -84,7 +84,10 @@ def _alignment(ptr: int) -> int:
 class _Plan:
     """One shape's cuBLASLt descriptors and the algorithm chosen for it."""
 
-    def __init__(self, lt: Any, handle: Any, compute: int, dtype: int, shape: tuple, workspace: int) -> None:
+    def __init__(
+        self, lt: Any, handle: Any, compute: int, dtype: int, shape: tuple, workspace: int, ab_dtype: int | None = None
+    ) -> None:
+        """``dtype``: the output's and the scale's type; ``ab_dtype`` the operands' (default: the same)."""
         m, n, k, lda, ldb, ldc, ta, tb, align = shape
         self.lt = lt
         self.desc = ctypes.c_void_p()
@@ -94,10 +97,15 @@ class _Plan:
             _check(lt.cublasLtMatmulDescSetAttribute(self.desc, attr, ctypes.byref(op), 4), "MatmulDescSetAttribute")
         # Column-major shapes as stored: b is n x k (k x n transposed), a is k x m (m x k), out n x m.
         self.layouts = []
-        for rows, cols, ld in (((k, n) if tb else (n, k)) + (ldb,), ((m, k) if ta else (k, m)) + (lda,), (n, m, ldc)):
+        operand = dtype if ab_dtype is None else ab_dtype
+        for rows, cols, ld, t in (
+            ((k, n) if tb else (n, k)) + (ldb, operand),
+            ((m, k) if ta else (k, m)) + (lda, operand),
+            (n, m, ldc, dtype),
+        ):
             layout = ctypes.c_void_p()
             status = lt.cublasLtMatrixLayoutCreate(
-                ctypes.byref(layout), dtype, ctypes.c_uint64(rows), ctypes.c_uint64(cols), ctypes.c_int64(ld)
+                ctypes.byref(layout), t, ctypes.c_uint64(rows), ctypes.c_uint64(cols), ctypes.c_int64(ld)
             )
             _check(status, "MatrixLayoutCreate")
             self.layouts.append(layout)
@@ -138,9 +146,10 @@ class LtGemm:
     """out = op(a) @ op(b) through cuBLASLt with, per shape, the fastest of its heuristic's
     candidates, timed on the first call of that shape (on the call's own buffers, which it
     writes; the call then computes its result as any other). That first call waits for the GPU.
-    ``tune=False`` keeps the heuristic's first pick: what cublasSgemm would run."""
+    ``tune=False`` keeps the heuristic's first pick: what cublasSgemm would run. ``bf16``: BF16
+    operands (uint16 arrays) into float32, as trainer/gemm.py's cublasGemmEx (bf16x3)."""
 
-    def __init__(self, dtype: Any, tensor_cores: bool, tune: bool = True) -> None:
+    def __init__(self, dtype: Any, tensor_cores: bool, tune: bool = True, bf16: bool = False) -> None:
         import cupy as cp
 
         self.cupy, self.tune = cp, tune
@@ -150,6 +159,9 @@ class LtGemm:
         f64 = np.dtype(dtype) == np.float64
         self.dtype = _R_64F if f64 else _R_32F
         self.compute = _COMPUTE_64F if f64 else (_COMPUTE_32F_FAST_TF32 if tensor_cores else _COMPUTE_32F)
+        self.ab_dtype = None
+        if bf16:
+            self.compute, self.ab_dtype = _COMPUTE_32F, _R_16BF
         self.one, self.zero = np.ones(1, dtype=dtype), np.zeros(1, dtype=dtype)
         self.one_ptr, self.zero_ptr = self.one.ctypes.data, self.zero.ctypes.data
         self.workspace = cp.empty(WORKSPACE_BYTES, dtype=cp.uint8)
@@ -162,7 +174,8 @@ class LtGemm:
         shape = (m, n, k, *(v.strides[0] // v.itemsize for v in (a, b, out)), ta, tb, align)
         p = self.plans.get(shape)
         if p is None:
-            p = self.plans[shape] = _Plan(self.lt, self.handle, self.compute, self.dtype, shape, WORKSPACE_BYTES)
+            p = _Plan(self.lt, self.handle, self.compute, self.dtype, shape, WORKSPACE_BYTES, self.ab_dtype)
+            self.plans[shape] = p
             if self.tune and len(p.candidates) > 1:
                 p.times_ms = [self._time(p, c, a, b, out) for c in p.candidates]
                 p.chosen = p.candidates[int(np.argmin(p.times_ms))]
@@ -195,8 +208,8 @@ class LtGemm:
         return statistics.median(cp.cuda.get_elapsed_time(s, e) for s, e in itertools.pairwise(events))
 
 
-# mode -> (tensor cores, K's factor: 3xTF32 multiplies over the three TF32 parts in one GEMM)
-MODES = {"sgemm": (False, 1), "tf32": (True, 1), "tf32x3": (True, 3)}
+# mode -> (tensor cores, K's factor: 3xTF32 and 3xBF16 multiply over three parts in one GEMM)
+MODES = {"sgemm": (False, 1), "tf32": (True, 1), "tf32x3": (True, 3), "bf16x3": (True, 3)}
 
 
 def shapes(H: int, B: int, f: int) -> dict[str, tuple]:
@@ -214,13 +227,16 @@ def shapes(H: int, B: int, f: int) -> dict[str, tuple]:
     }
 
 
-def compare(gemms: tuple, case: tuple) -> tuple[float, float, float]:
-    """us per call of the three ways on one GEMM; prints the candidates; returns the three times."""
+def compare(gemms: tuple, case: tuple, bf16: bool = False) -> tuple[float, float, float]:
+    """us per call of the three ways on one GEMM; prints the candidates; returns the three times.
+    ``bf16``: the operands as BF16 (a float32's top 16 bits, in uint16 arrays)."""
     import cupy as cp
 
     plain, first, tuned = gemms
     sa, sb, so, ta, tb = case
     a, b = cp.random.random(sa, dtype=cp.float32), cp.random.random(sb, dtype=cp.float32)
+    if bf16:
+        a, b = ((v.view(cp.uint32) >> 16).astype(cp.uint16) for v in (a, b))
     ref, out = cp.empty(so, dtype=cp.float32), cp.empty(so, dtype=cp.float32)
     t_plain = time_ms(lambda: plain(a, b, ref, ta, tb), steps=20, repeats=5) * 1e3
     t_first = time_ms(lambda: first(a, b, out, ta, tb), steps=20, repeats=5) * 1e3
@@ -248,12 +264,13 @@ def main() -> None:
     summary = []
     for mode in args.modes:
         tc, f = MODES[mode]
-        gemms = (Gemm(cp.float32, tc), LtGemm(cp.float32, tc, tune=False), LtGemm(cp.float32, tc))
+        bf16 = mode == "bf16x3"
+        gemms = (Gemm(cp.float32, tc, bf16), LtGemm(cp.float32, tc, False, bf16), LtGemm(cp.float32, tc, True, bf16))
         for H in args.hidden:
             for B in args.batch:
                 for name, case in shapes(H, B, f).items():
                     print(f"\n{mode} H={H} B={B} {name}:")
-                    summary.append((mode, H, B, name, *compare(gemms, case)))
+                    summary.append((mode, H, B, name, *compare(gemms, case, bf16)))
     print("\nmode    H     B      GEMM               cublasSgemm  Lt first  Lt tuned  gain")
     for mode, H, B, name, t0, t1, t2 in summary:
         print(f"{mode:7s} {H:5d} {B:6d} {name:18s} {t0:11.1f} {t1:9.1f} {t2:9.1f} {t0 / t2:5.2f}x")
