@@ -24,11 +24,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_common import PIXEL_LEVELS, fused_step, inputs, time_ms
 
 H, B = 2048, 3200
-# (OUT_WARPS, OUT_UNROLL, OUT_SAMPLES), (OUT_CLUSTER, OUT_CWARPS, OUT_CUNROLL) and (HID_WARPS, HID_H,
-# HID_ITER): see FusedStep
-OUT_SHAPES = ((32, 2, 32), (32, 1, 32), (16, 2, 32), (32, 2, 16), (16, 2, 16))
-CLUSTER_SHAPES = ((8, 8, 2), (8, 8, 1), (8, 8, 4), (8, 4, 2), (8, 4, 4), (4, 8, 2), (4, 4, 2))
-CLUSTER_SHAPES += ((2, 8, 2), (2, 4, 2))
+# (OUT_WARPS, OUT_UNROLL, OUT_SAMPLES) and (HID_WARPS, HID_H, HID_ITER): see FusedStep
+OUT_SHAPES = ((32, 2, 32), (32, 1, 32), (32, 4, 32), (16, 2, 32), (8, 2, 32))
+OUT_SHAPES += ((32, 2, 16), (32, 1, 16), (16, 2, 16), (16, 4, 16), (16, 1, 16), (8, 4, 16))
 HID_SHAPES = ((8, 32, 4), (4, 16, 4), (4, 32, 4), (8, 16, 4), (4, 16, 2), (8, 32, 2), (4, 16, 8))
 
 
@@ -76,15 +74,9 @@ def main() -> None:
     print(f"output_layer, us per launch ({cp.cuda.runtime.getDeviceProperties(0)['name'].decode()})")
     print(f"{'warps':>5s} {'rows at once':>12s} {'samples/block':>13s} {'blocks':>6s} {'us':>7s}")
     for warps, unroll, samples in OUT_SHAPES:
-        s = shaped("tf32", x, y, OUT_CLUSTER=0, OUT_WARPS=warps, OUT_UNROLL=unroll, OUT_SAMPLES=samples)
+        s = shaped("tf32", x, y, OUT_WARPS=warps, OUT_UNROLL=unroll, OUT_SAMPLES=samples)
         us = graph_ms(lambda s=s: s.output_layer(y)) * 1e3
         print(f"{warps:5d} {unroll:12d} {samples:13d} {B // samples:6d} {us:7.1f}")
-    print("\noutput_layer_c (H split over a cluster of blocks, each 128 samples), us per launch")
-    print(f"{'cluster':>7s} {'warps':>5s} {'rows at once':>12s} {'blocks':>6s} {'us':>7s}")
-    for k, warps, unroll in CLUSTER_SHAPES:
-        s = shaped("tf32", x, y, OUT_CLUSTER=k, OUT_CWARPS=warps, OUT_CUNROLL=unroll)
-        us = graph_ms(lambda s=s: s.output_layer(y)) * 1e3
-        print(f"{k:7d} {warps:5d} {unroll:12d} {k * -(-B // s.out_s):6d} {us:7.1f}")
     print("\nhidden_grad, us per launch (TF32: dz1^T over z1^T; 3xTF32, 2xTF32: its three, two TF32 parts;")
     print("3xBF16: three BF16 parts to a buffer of their own)")
     head = f"{'warps':>5s} {'hidden/block':>12s} {'samples/block':>13s}"

@@ -416,122 +416,6 @@ output_layer_t(const T* __restrict__ zt, const int ld, const T* __restrict__ hw,
     if (lane == 0) atomicAdd(ce_sum, loss);
 }
 
-// Hopper's thread block clusters: the blocks of one cluster read each other's shared memory.
-// cluster_peer: where p (this block's shared memory) is in block `rank` of the cluster (PTX mapa).
-template <class X>
-__device__ inline X* cluster_peer(X* p, const unsigned rank) {
-#if __CUDA_ARCH__ >= 900
-    unsigned long long q;
-    asm volatile("mapa.u64 %0, %1, %2;" : "=l"(q) : "l"(p), "r"(rank));
-    return reinterpret_cast<X*>(q);
-#else
-    return p;
-#endif
-}
-__device__ inline void cluster_sync() {  // every thread of the cluster; orders shared memory across it
-#if __CUDA_ARCH__ >= 900
-    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
-#else
-    __syncthreads();
-#endif
-}
-#if __CUDA_ARCH__ >= 900
-#define OUT_CLUSTER_DIMS __cluster_dims__(OUT_K, 1, 1)
-#else
-#define OUT_CLUSTER_DIMS  // before Hopper: no clusters, FusedStep sets OUT_K = 1
-#endif
-
-extern "C" __global__ void OUT_CLUSTER_DIMS __launch_bounds__(32 * OUT_CW)
-output_layer_c(const T* __restrict__ zt, const int ld, const T* __restrict__ hw, const T* __restrict__ b2,
-               const long long* __restrict__ y, const int n, const int H, T* __restrict__ et, const int estride,
-               T* ce_sum) {
-    // output_layer_t's work (its arguments, the same results) in clusters of OUT_K blocks. Cluster
-    // blockIdx.y takes the S = 32 VEC samples from s0 = S blockIdx.y (lane l: VEC of them, read as
-    // one V), its block q = blockIdx.x the hidden units [q HQ, (q + 1) HQ), HQ = ceil(H / OUT_K)
-    // (warp w: every OUT_CW-th from q HQ + w, OUT_CU rows at once). A block's warps add their
-    // logits in shared memory; then block q sums the cluster's for its S / OUT_K samples (reading
-    // the others' shared memory) and finishes their softmax. So H is split over blocks with no
-    // second pass through global memory, and a lane's row loads are 16 bytes (one sample a lane,
-    // output_layer_t: 4), with W2[:, h] and b1[h] loaded once for VEC samples.
-    constexpr int S = 32 * VEC, SQ = S / OUT_K;  // samples of the cluster, and those block q finishes
-    __shared__ __align__(16) T part[OUT_CW][C][S];  // the warps' logits; part[0]: the block's sum
-    const int lane = threadIdx.x, warp = threadIdx.y, tid = warp * 32 + lane, q = blockIdx.x;
-    const int s0 = blockIdx.y * S, r = s0 + VEC * lane, hq = (H + OUT_K - 1) / OUT_K;
-    const int hb = q * hq, he = min(H, hb + hq);
-    T acc[C][VEC];
-#pragma unroll
-    for (int c = 0; c < C; ++c)
-#pragma unroll
-        for (int i = 0; i < VEC; ++i) acc[c][i] = 0;
-    for (int h = hb + warp; h < he; h += OUT_CW * OUT_CU) {
-        V wv[OUT_CU][HW / VEC], zv[OUT_CU];
-#pragma unroll
-        for (int u = 0; u < OUT_CU; ++u) {  // every load first: OUT_CU rows in flight
-            const int hu = min(h + u * OUT_CW, he - 1);  // past he: a valid row, its a masked below
-#pragma unroll
-            for (int v = 0; v < HW / VEC; ++v) wv[u][v] = reinterpret_cast<const V*>(hw + (long long)hu * HW)[v];
-            zv[u] = {};
-            if (r < n) zv[u] = *reinterpret_cast<const V*>(zt + (long long)hu * ld + r);
-        }
-#pragma unroll
-        for (int u = 0; u < OUT_CU; ++u) {
-            const T* w = reinterpret_cast<const T*>(wv[u]);
-            const T* z = reinterpret_cast<const T*>(&zv[u]);
-            const bool row = h + u * OUT_CW < he;
-#pragma unroll
-            for (int i = 0; i < VEC; ++i) {
-                const T a = row && r + i < n ? sigmoid(z[i] + w[C]) : (T)0;
-#pragma unroll
-                for (int c = 0; c < C; ++c) acc[c][i] += a * w[c];
-            }
-        }
-    }
-#pragma unroll
-    for (int c = 0; c < C; ++c) {  // one 16-byte store per class: no bank conflicts
-        V v;
-        T* t = reinterpret_cast<T*>(&v);
-#pragma unroll
-        for (int i = 0; i < VEC; ++i) t[i] = acc[c][i];
-        *reinterpret_cast<V*>(&part[warp][c][VEC * lane]) = v;
-    }
-    __syncthreads();
-    for (int k = tid; k < C * S; k += 32 * OUT_CW) {  // the block's logits (without b2) into part[0]
-        const int c = k / S, s = k - c * S;
-        T v = part[0][c][s];
-        for (int w = 1; w < OUT_CW; ++w) v += part[w][c][s];
-        part[0][c][s] = v;
-    }
-    cluster_sync();  // every block's part[0] is written
-    T (*z2)[SQ] = reinterpret_cast<T (*)[SQ]>(&part[1][0][0]);  // z2[c][s]: block q's samples' logits
-    for (int k = tid; k < C * SQ; k += 32 * OUT_CW) {
-        const int c = k / SQ, s = k - c * SQ;
-        T v = b2[c];
-        for (int p = 0; p < OUT_K; ++p) v += cluster_peer(&part[0][c][q * SQ + s], p)[0];
-        z2[c][s] = v;
-    }
-    cluster_sync();  // the cluster's part[0] is read: a block may leave; z2 is written
-    if (tid >= 32 * ((SQ + 31) / 32)) return;
-    const int rs = s0 + q * SQ + tid;  // this thread's sample
-    const bool mine = tid < SQ;
-    T m = mine ? z2[0][tid] : (T)0, s = 0, zy = 0;
-    const int yr = mine && rs < n ? (int)y[rs] : -1;
-#pragma unroll
-    for (int c = 1; c < C; ++c) m = mine && z2[c][tid] > m ? z2[c][tid] : m;
-#pragma unroll
-    for (int c = 0; c < C; ++c) {
-        const T zc = mine ? z2[c][tid] : (T)0;
-        s += exp(zc - m);
-        zy = c == yr ? zc : zy;
-    }
-    T loss = mine && rs < n ? log(s) + m - zy : (T)0;  // -log softmax(z2)_y
-#pragma unroll
-    for (int c = 0; c < C; ++c)
-        if (mine && rs < estride)
-            et[(long long)c * estride + rs] = rs < n ? exp(z2[c][tid] - m) / s - (c == yr ? (T)1 : (T)0) : (T)0;
-    for (int off = 16; off > 0; off >>= 1) loss += __shfl_xor_sync(0xffffffff, loss, off);
-    if (lane == 0) atomicAdd(ce_sum, loss);
-}
-
 extern "C" __global__ void __launch_bounds__(32 * HID_WARPS, HID_MIN_BLOCKS)
 hidden_grad_t(T* zt, const int ld, const T* __restrict__ hw, const T* __restrict__ et, const int estride,
               const int n, const int H, const T scale, const int parts, const int lo_at, const int part, P* dp,
@@ -698,9 +582,6 @@ class FusedStep:
     # samples / (32 VEC) per block, and its blocks per SM (registers capped at 64; float64: half).
     OUT_WARPS, OUT_UNROLL = 32, 2
     OUT_SAMPLES = 32  # output_layer_t's samples per block: 32, or 16 (two rows a warp)
-    # output_layer_c (Hopper on): blocks per cluster (0: output_layer_t instead), warps per block, rows
-    # a warp loads at once.
-    OUT_CLUSTER, OUT_CWARPS, OUT_CUNROLL = 8, 8, 2
     HID_WARPS, HID_H, HID_ITER = 8, 32, 4
     HID_MIN_BLOCKS = 4
     FIRST_PART = 0.5  # with overlap, the fraction of W1's rows summed first: the best measured
@@ -743,17 +624,12 @@ class FusedStep:
         defines |= {"HID_ROWS": self.HID_ROWS, "OUT_WARPS": self.out_warps, "OUT_UNROLL": self.OUT_UNROLL}
         defines |= {"HID_WARPS": self.HID_WARPS, "HID_H": self.HID_H, "HID_S": self.hid_s}
         defines |= {"OUT_S": self.OUT_SAMPLES}
-        hopper = int(cp.cuda.Device().compute_capability) >= 90
-        self.out_k = self.OUT_CLUSTER if hopper else 0
-        self.out_s = 32 * vec  # output_layer_c's samples per cluster
-        defines |= {"OUT_K": max(self.out_k, 1), "OUT_CW": self.OUT_CWARPS, "OUT_CU": self.OUT_CUNROLL}
         defines |= {"HID_MIN_BLOCKS": self.HID_MIN_BLOCKS * 4 // dtype.itemsize}
         defines |= {"BF16": int(self.bf16)}
         head = f"typedef {ctype} T;\ntypedef {vtype} V;\ntypedef {'unsigned short' if self.bf16 else 'T'} P;\n"
         head += "".join(f"#define {k} {v}\n" for k, v in defines.items())
         module = cp.RawModule(code=head + self.KERNELS)
-        names = ("split_tf32", "prepare_x", "output_layer_rows", "hidden_grad_rows", "output_layer_t", "output_layer_c")
-        names += ("hidden_grad_t",)
+        names = ("split_tf32", "prepare_x", "output_layer_rows", "hidden_grad_rows", "output_layer_t", "hidden_grad_t")
         names += ("sgd_update",)
         self._kernel = {name: module.get_function(name) for name in names}
         self.gemm = Gemm(dtype, tensor_cores=gemm in TENSOR_CORE_GEMMS, bf16=self.bf16)
@@ -923,12 +799,11 @@ class FusedStep:
         summed cross-entropy into gbuf[-1]."""
         n, H = len(y), self.layout.H
         if self.transposed:
-            args = (self.z, np.int32(self.ld), self.hw, self.p.b2, y, np.int32(n), np.int32(H), self.e,
-                    np.int32(self.e.shape[1]), self.ce_sum)  # fmt: skip
-            if self.out_k:
-                self._kernel["output_layer_c"]((self.out_k, -(-n // self.out_s)), (32, self.OUT_CWARPS), args)
-            else:
-                self._kernel["output_layer_t"]((self.padded(n) // self.OUT_SAMPLES,), (32, self.out_warps), args)
+            self._kernel["output_layer_t"](
+                (self.padded(n) // self.OUT_SAMPLES,), (32, self.out_warps),
+                (self.z, np.int32(self.ld), self.hw, self.p.b2, y, np.int32(n), np.int32(H), self.e,
+                 np.int32(self.e.shape[1]), self.ce_sum),
+            )  # fmt: skip
         else:
             self._kernel["output_layer_rows"](
                 (-(-n // self.OUT_ROWS),), (self.THREADS,),
