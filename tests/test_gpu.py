@@ -114,8 +114,9 @@ def assert_fused_matches_generic(layout, x_host, y_host, schedule, gemm, x_level
 @pytest.mark.parametrize(("warps", "samples"), [(32, 32), (32, 16), (16, 16)])
 def test_output_layer_block_shapes(warps, samples):
     """The tensor cores' output layer in blocks of 32 samples or of 16 (a warp then loads two rows
-    of z1^T at once): softmax(z2) - onehot(y) and the summed cross-entropy of every sample against
-    NumPy's from the same z1, with a last block part-filled (n = 203) and H = 300 rows."""
+    of z1^T at once): a = sigmoid(z1 + b1) written over z1^T, softmax(z2) - onehot(y) (zeros past
+    n) and the summed cross-entropy of every sample against NumPy's from the same z1, with a last
+    block part-filled (n = 203) and H = 300 rows."""
     import cupy
 
     from trainer.steps import FusedStep
@@ -126,14 +127,19 @@ def test_output_layer_block_shapes(warps, samples):
     gbuf = cupy.zeros(layout.size + 1, dtype=np.float32)
     shaped = type("Shaped", (FusedStep,), {"OUT_WARPS": warps, "OUT_SAMPLES": samples})
     step = shaped(layout, params, gbuf, n, "tf32")
-    step.forward(cupy.asarray(ds.x_train), cupy.asarray(ds.y_train))
+    step.e.fill(1)
+    step.z1_gemm(cupy.asarray(ds.x_train))
+    z1t = step.z[:, :n].get()  # H x n, z1^T as the GEMM wrote it
+    step.output_layer(cupy.asarray(ds.y_train))
     p = layout.views(params.get().astype(np.float64))
-    a = 1 / (1 + np.exp(-(step.z[:, :n].get() + p.b1[:, None])))  # H x n, z1^T as the GEMM wrote it
+    a = 1 / (1 + np.exp(-(z1t + p.b1[:, None])))
+    np.testing.assert_allclose(step.z[:, :n].get(), a, rtol=1e-6)  # a^T over z1^T, for the hidden gradient
     z2 = p.W2 @ a + p.b2[:, None]
     yhat = np.exp(z2 - z2.max(axis=0))
     yhat /= yhat.sum(axis=0)
     onehot = np.eye(layout.C)[:, ds.y_train]
     np.testing.assert_allclose(step.e[:, :n].get(), yhat - onehot, atol=1e-6)
+    assert not step.e[:, n:].any()
     ce = -np.log(yhat[ds.y_train, np.arange(n)]).sum()
     assert abs(float(gbuf[-1].get()) - ce) < 1e-5 * ce
 

@@ -12,10 +12,11 @@ then, after the all-reduce, the update. Two implementations of the same math:
 
 With tensor cores the fused step keeps z1 transposed, H x B with the batch index contiguous:
 z1^T = W1 X^T reads both operands K-major (the summed-over index contiguous in memory), the
-fused kernels read and write along samples, and the hidden gradient writes dz1^T over z1^T;
-dW1 = dz1^T X then reads dz1^T and X^T (written by ``prepare_x``) K-major too: from row-major
-operands cuBLAS's TF32 dW1 took 69 us instead of 42 at H=2048, B=3200 (3xTF32: 190 against 96;
-H100, benchmarks/gpu_gemm.py). SGEMM and DGEMM keep z1 row-major (B x H), dz1 written over it:
+fused kernels read and write along samples, the output layer writes a^T = sigmoid(z1 + b1)^T over
+z1^T and the hidden gradient dz1^T over a^T; dW1 = dz1^T X then reads dz1^T and X^T (written by
+``prepare_x``) K-major too: from row-major operands cuBLAS's TF32 dW1 took 69 us instead of 42 at
+H=2048, B=3200 (3xTF32: 190 against 96; H100, benchmarks/gpu_gemm.py). SGEMM and DGEMM keep z1
+row-major (B x H), dz1 written over it (each of their kernels computes the sigmoid):
 their GEMMs gain nothing from either layout, and their overlapped step (below) was measured
 faster with it.
 
@@ -43,7 +44,7 @@ In float32 the large GEMMs run one of four ways (``gemm``):
   about 2^-24), [lo | mid | hi] against [k | k | k], K = 3D and 3n, through cublasGemmEx. BF16
   runs at twice TF32's rate, so three BF16 products take three quarters of two TF32 ones, and
   with 24 bits of W1 and dz1 instead of 22 the gradient is closer to SGEMM's (BENCHMARKS.md).
-  Its parts are 16-bit, so dz1's are written to a buffer of their own, not over z1^T.
+  Its parts are 16-bit, so dz1's are written to a buffer of their own, not over a^T.
 
 With NCCL the fused step can hide the all-reduce behind its own compute (``overlap``): W1's rows
 are taken in two halves. With SGEMM the sum of the first half's dW1 runs on a side stream while
@@ -346,14 +347,15 @@ extern "C" __global__ void hidden_grad_rows(T* z1, const T* __restrict__ b1, con
 }
 
 extern "C" __global__ void __launch_bounds__(32 * OUT_WARPS)
-output_layer_t(const T* __restrict__ zt, const int ld, const T* __restrict__ hw, const T* __restrict__ b2,
+output_layer_t(T* __restrict__ zt, const int ld, const T* __restrict__ hw, const T* __restrict__ b2,
                const long long* __restrict__ y, const int n, const int H, T* __restrict__ et, const int estride,
                T* ce_sum) {
     // z1^T is zt's first n columns (H x n, row stride ld, without b1). Block (32 x OUT_WARPS
     // threads): the OUT_S samples (32 or 16) from s0 = OUT_S blockIdx.x against every hidden unit:
     // lane l takes sample s0 + l % OUT_S of the rows h with h % RW = l / OUT_S (RW = 32 / OUT_S
     // rows a warp loads at once; warp w every OUT_WARPS RW-th from w RW, OUT_UNROLL at once;
-    // W2[:, h] and b1[h], row h of hw): z2 = a W2^T + b2, a = sigmoid(z1 + b1).
+    // W2[:, h] and b1[h], row h of hw): z2 = a W2^T + b2, a = sigmoid(z1 + b1), and a^T written over
+    // z1^T (hidden_grad_t reads it: one store an element here, one sigmoid less there; BENCHMARKS.md).
     // Writes e^T = (softmax(z2) - onehot(y))^T into et (C x estride, zeros past n) and adds the
     // rows' cross-entropies to ce_sum[0] (zeroed by the caller). The whole H in one block: the
     // warps' sums meet in shared memory, not across blocks.
@@ -378,6 +380,7 @@ output_layer_t(const T* __restrict__ zt, const int ld, const T* __restrict__ hw,
         for (int u = 0; u < OUT_UNROLL; ++u) {
             const T* w = reinterpret_cast<const T*>(wv[u]);
             const T a = h + u * STEP < H ? sigmoid(z[u] + w[C]) : (T)0;
+            if (h + u * STEP < H && r < n) zt[(long long)(h + u * STEP) * ld + r] = a;  // for hidden_grad_t
 #pragma unroll
             for (int c = 0; c < C; ++c) acc[c] += a * w[c];
         }
@@ -422,14 +425,14 @@ hidden_grad_t(T* zt, const int ld, const T* __restrict__ hw, const T* __restrict
               const int dld, T* gb1, T* gW2, T* gb2) {
     // Block (32 x HID_WARPS threads): the HID_S samples (a multiple of 32 VEC) from s0 = blockIdx.y
     // HID_S (lane l: VEC at a time, read and written as one V) of the hidden units [h0, h0 +
-    // HID_H), h0 = blockIdx.x HID_H (warp w: every HID_WARPS-th from h0 + w). With a =
-    // sigmoid(z1 + b1) from z1^T in zt (row stride ld): dz1 = scale (e W2) a (1 - a), written
-    // over z1^T for samples r < part (zeros from n on); with parts > 1, as that many TF32 parts in
-    // column blocks `part` apart, lo in block lo_at and hi in the others (dW1's K-major operand,
-    // put_parts); with BF16 the parts [lo | mid | hi] go to dp (row stride dld), not over z1^T.
-    // Each warp adds its sums over
-    // its samples to the gradient (zeroed by the caller): db1 += sum dz1, dW2 += scale e^T a, and
-    // the blocks of the first hidden units db2 += scale sum e.
+    // HID_H), h0 = blockIdx.x HID_H (warp w: every HID_WARPS-th from h0 + w). With a^T in zt
+    // (a = sigmoid(z1 + b1), written over z1^T by output_layer_t; row stride ld): dz1 = scale (e
+    // W2) a (1 - a), written over a^T for samples r < part (zeros from n on); with parts > 1, as
+    // that many TF32 parts in column blocks `part` apart, lo in block lo_at and hi in the others
+    // (dW1's K-major operand, put_parts); with BF16 the parts [lo | mid | hi] go to dp (row
+    // stride dld), not over a^T. Each warp adds its sums over its samples to the gradient (zeroed
+    // by the caller): db1 += sum dz1, dW2 += scale e^T a, and the blocks of the first hidden units
+    // db2 += scale sum e.
     __shared__ __align__(16) T es[C][HID_S];  // e^T of the block's samples, zeros past n
     const int lane = threadIdx.x, warp = threadIdx.y;
     const int s0 = blockIdx.y * HID_S, h0 = blockIdx.x * HID_H;
@@ -468,7 +471,7 @@ hidden_grad_t(T* zt, const int ld, const T* __restrict__ hw, const T* __restrict
             T a[VEC], da[VEC], d[VEC];
 #pragma unroll
             for (int i = 0; i < VEC; ++i) {
-                a[i] = r + i < n ? sigmoid(z[i] + w[C]) : (T)0;  // 0: no dz1, no dW2 term
+                a[i] = r + i < n ? z[i] : (T)0;  // 0: no dz1, no dW2 term
                 da[i] = 0;
             }
 #pragma unroll
@@ -486,7 +489,7 @@ hidden_grad_t(T* zt, const int ld, const T* __restrict__ hw, const T* __restrict
                 d[i] = scale * da[i] * a[i] * ((T)1 - a[i]);
                 db += d[i];
             }
-            // BF16: the parts to dp; else over z1^T, where they were read
+            // BF16: the parts to dp; else over a^T, where they were read
             put_parts_vec(BF16 ? dp + (long long)h * dld + s0 + s : (P*)(row + s), part, parts, d, lo_at);
         }
         for (int off = 16; off > 0; off >>= 1) {
@@ -645,7 +648,7 @@ class FusedStep:
         self.bounds = tuple(np.int64(v) for v in (w1_end, w2_begin, w2_begin + C * H))
         # With tensor cores z1 is kept transposed, z (H x ld): z1^T = W1 X^T reads both operands
         # K-major (the summed-over index contiguous), as fast as z1 = X W1^T, and the *_t kernels read
-        # and write along samples. dz1^T is written over it (split, its three TF32 parts in three
+        # and write along samples. a^T, then dz1^T, are written over it (split, its three TF32 parts in three
         # column blocks, each ``part`` wide) and dW1 = dz1^T X reads it and X^T (xt: D x ld, by
         # prepare_x; split, X's parts in three blocks) K-major: from row-major dz1 and X cuBLAS's TF32
         # GEMM is 1.6x slower. A batch's samples are padded with zeros to whole tiles of 32
@@ -657,7 +660,7 @@ class FusedStep:
         if self.transposed:
             width = self.blocks * self.padded(max_rows)  # dz1^T's and xt's columns: parts side by side
             self.ld = self.padded(max_rows) if self.bf16 else width
-            self.z = cp.zeros((H, self.ld), dtype=dtype)  # z1^T, then dz1^T (BF16: its parts in dz)
+            self.z = cp.zeros((H, self.ld), dtype=dtype)  # z1^T, then a^T, then dz1^T (BF16: its parts in dz)
             self.dz = cp.zeros((H, width), dtype=pdtype) if self.bf16 else self.z
             self.xt = cp.zeros((D, width), dtype=pdtype)
             self.e = cp.empty((C, self.padded(max_rows)), dtype=dtype)  # (softmax(z2) - onehot(y))^T
