@@ -25,7 +25,7 @@ from gpu_common import PIXEL_LEVELS, fused_step, inputs, time_ms
 
 H, B = 2048, 3200
 # (OUT_WARPS, OUT_UNROLL, OUT_SAMPLES) and (HID_WARPS, HID_H, HID_ITER): see FusedStep
-OUT_SHAPES = ((32, 2, 32), (32, 1, 32), (32, 4, 32), (16, 2, 32), (8, 2, 32))
+OUT_SHAPES = ((32, 4, 32), (32, 2, 32), (32, 1, 32), (16, 4, 32), (16, 2, 32), (8, 2, 32))
 OUT_SHAPES += ((32, 2, 16), (32, 1, 16), (16, 2, 16), (16, 4, 16), (16, 1, 16), (8, 4, 16))
 HID_SHAPES = ((8, 32, 4), (4, 16, 4), (4, 32, 4), (8, 16, 4), (4, 16, 2), (8, 32, 2), (4, 16, 8))
 

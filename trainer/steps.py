@@ -141,7 +141,17 @@ __device__ inline float tf32(float x) {  // round to the nearest TF32 value (10-
 }
 __device__ inline double tf32(double x) { return x; }  // float64 is never split
 
-__device__ inline T sigmoid(T z) { return (T)1 / ((T)1 + exp(-z)); }  // __expf: 4% faster, less exact
+// 1 / (1 + e^-z). In float32 1 / x as CUDA's IEEE division computes it for x in [1, 2^126) (its
+// fast path: MUFU.RCP and one Newton step, so the same bits) without the test and the branch to
+// its slow path, which x never needs once z >= -87 (1 + e^87 < 2^126; below, a = 1.6e-38 instead
+// of less, and NaN stays NaN). __expf would save a few more instructions at a few ulps.
+__device__ inline float sigmoid(float z) {
+    const float x = 1.f + exp(-(z < -87.f ? -87.f : z));
+    float r;
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+    return fmaf(r, -fmaf(x, r, -1.f), r);
+}
+__device__ inline double sigmoid(double z) { return 1.0 / (1.0 + exp(-z)); }
 
 // BF16 (bfloat16) is a float32's top 16 bits: b16 keeps them (truncating), b16_rn rounds to nearest.
 __device__ inline unsigned short b16(float v) { return (unsigned short)(__float_as_uint(v) >> 16); }
@@ -346,6 +356,16 @@ extern "C" __global__ void hidden_grad_rows(T* z1, const T* __restrict__ b1, con
     for (int c = 0; c < C; ++c) atomicAdd(gW2 + (long long)c * H + h, scale * acc[c]);
 }
 
+// One element of output_layer_t: a = sigmoid(z + b1[h]), stored at `at` (for hidden_grad_t) if
+// `store`, and acc += a W2[:, h] (wv: row h of hw).
+__device__ inline void out_row(const V* wv, const T z, T* at, const bool store, T acc[C]) {
+    const T* w = reinterpret_cast<const T*>(wv);
+    const T a = sigmoid(z + w[C]);
+    if (store) *at = a;
+#pragma unroll
+    for (int c = 0; c < C; ++c) acc[c] += a * w[c];
+}
+
 extern "C" __global__ void __launch_bounds__(32 * OUT_WARPS)
 output_layer_t(T* __restrict__ zt, const int ld, const T* __restrict__ hw, const T* __restrict__ b2,
                const long long* __restrict__ y, const int n, const int H, T* __restrict__ et, const int estride,
@@ -362,28 +382,37 @@ output_layer_t(T* __restrict__ zt, const int ld, const T* __restrict__ hw, const
     __shared__ T part[OUT_WARPS][C][32];  // the warps' logits of the block's samples, lane by lane
     constexpr int RW = 32 / OUT_S, STEP = OUT_WARPS * RW;  // rows per warp, per pass of the block
     const int lane = threadIdx.x, warp = threadIdx.y, r = blockIdx.x * OUT_S + lane % OUT_S;
+    // The lane's rows h0, h0 + STEP, ... walked with pointers, whole groups of OUT_UNROLL first:
+    // with z1^T in L2 the kernel is bound by issuing instructions, and 64-bit indices and per-row
+    // masks were half of them (75 a float32 element, now 35; BENCHMARKS.md). Lanes past n read
+    // their column (inside ld) and store nothing.
+    const int h0 = warp * RW + lane / OUT_S, rows = h0 < H ? (H - 1 - h0) / STEP + 1 : 0;
+    const long long zs = (long long)STEP * ld;
+    constexpr int WS = STEP * HW / VEC;  // hw's rows, in Vs
+    T* zp = zt + (long long)h0 * ld + r;
+    const V* wp = reinterpret_cast<const V*>(hw) + (long long)h0 * (HW / VEC);  // W2[:, h], b1[h]: HW / VEC loads
+    const bool store = r < n;
     T acc[C];
 #pragma unroll
     for (int c = 0; c < C; ++c) acc[c] = 0;
-    for (int h0 = warp * RW; h0 < H; h0 += STEP * OUT_UNROLL) {
-        const int h = h0 + lane / OUT_S;
-        V wv[OUT_UNROLL][HW / VEC];  // W2[:, h], b1[h]: HW / VEC vector loads, not C + 1 scalar ones
+    int k = 0;
+    for (; k + OUT_UNROLL <= rows; k += OUT_UNROLL, zp += OUT_UNROLL * zs, wp += OUT_UNROLL * WS) {
+        V wv[OUT_UNROLL][HW / VEC];
         T z[OUT_UNROLL];
 #pragma unroll
         for (int u = 0; u < OUT_UNROLL; ++u) {  // every load first: OUT_UNROLL rows in flight
-            const int hu = min(h + u * STEP, H - 1);  // past H: a valid row, its a masked below
 #pragma unroll
-            for (int v = 0; v < HW / VEC; ++v) wv[u][v] = reinterpret_cast<const V*>(hw + (long long)hu * HW)[v];
-            z[u] = r < n ? zt[(long long)hu * ld + r] : (T)0;
+            for (int v = 0; v < HW / VEC; ++v) wv[u][v] = wp[u * WS + v];
+            z[u] = zp[u * zs];
         }
 #pragma unroll
-        for (int u = 0; u < OUT_UNROLL; ++u) {
-            const T* w = reinterpret_cast<const T*>(wv[u]);
-            const T a = h + u * STEP < H ? sigmoid(z[u] + w[C]) : (T)0;
-            if (h + u * STEP < H && r < n) zt[(long long)(h + u * STEP) * ld + r] = a;  // for hidden_grad_t
+        for (int u = 0; u < OUT_UNROLL; ++u) out_row(wv[u], z[u], zp + u * zs, store, acc);
+    }
+    for (; k < rows; ++k, zp += zs, wp += WS) {
+        V wv[HW / VEC];
 #pragma unroll
-            for (int c = 0; c < C; ++c) acc[c] += a * w[c];
-        }
+        for (int v = 0; v < HW / VEC; ++v) wv[v] = wp[v];
+        out_row(wv, *zp, zp, store, acc);
     }
 #pragma unroll
     for (int c = 0; c < C; ++c) {
@@ -577,13 +606,14 @@ class FusedStep:
     ``prepare`` made it once) and a memset."""
 
     KERNELS = _KERNELS  # a class attribute, so benchmarks/gpu_kernels.py can time variants
-    # Block shapes: the fastest measured (benchmarks/gpu_kernels.py, BENCHMARKS.md).
+    # Block shapes: the fastest measured (benchmarks/gpu_kernels.py, BENCHMARKS.md; OUT_UNROLL in the
+    # whole step, where z1^T comes partly from memory: 4 rows at once, 3 us a step less than 2).
     THREADS = 256  # the one-dimensional kernels' (split_tf32, sgd_update, the *_rows kernels)
     OUT_ROWS, HID_ROWS = 1, 16  # z1 row-major: rows per block of output_layer_rows, hidden_grad_rows
     # z1 transposed (tensor cores): output_layer_t's warps per block of 32 samples (float64: half, for
     # its shared memory) and rows a warp loads at once; hidden_grad_t's warps, hidden units and
     # samples / (32 VEC) per block, and its blocks per SM (registers capped at 64; float64: half).
-    OUT_WARPS, OUT_UNROLL = 32, 2
+    OUT_WARPS, OUT_UNROLL = 32, 4
     OUT_SAMPLES = 32  # output_layer_t's samples per block: 32, or 16 (two rows a warp)
     HID_WARPS, HID_H, HID_ITER = 8, 32, 4
     HID_MIN_BLOCKS = 4
