@@ -141,10 +141,11 @@ __device__ inline float tf32(float x) {  // round to the nearest TF32 value (10-
 }
 __device__ inline double tf32(double x) { return x; }  // float64 is never split
 
-// 1 / (1 + e^-z). In float32 1 / x as CUDA's IEEE division computes it for x in [1, 2^126) (its
-// fast path: MUFU.RCP and one Newton step, so the same bits) without the test and the branch to
-// its slow path, which x never needs once z >= -87 (1 + e^87 < 2^126; below, a = 1.6e-38 instead
-// of less, and NaN stays NaN). __expf would save a few more instructions at a few ulps.
+// 1 / (1 + e^-z). In float32 the reciprocal of x = 1 + e^-z is the fast path of CUDA's IEEE
+// division (MUFU.RCP and one Newton step) without its test and branch to the slow path, which x
+// never needs once z >= -87 (x < 2^126; below -87, a = 1.6e-38 instead of less; NaN stays NaN):
+// the bits of 1.f / (1.f + expf(-z)) for every float32 z in [-87, 88] (BENCHMARKS.md), in fewer
+// instructions. __expf would save a few more at a few ulps.
 __device__ inline float sigmoid(float z) {
     const float x = 1.f + exp(-(z < -87.f ? -87.f : z));
     float r;
