@@ -385,8 +385,9 @@ output_layer_t(T* __restrict__ zt, const int ld, const T* __restrict__ hw, const
     const int lane = threadIdx.x, warp = threadIdx.y, r = blockIdx.x * OUT_S + lane % OUT_S;
     // The lane's rows h0, h0 + STEP, ... walked with pointers, whole groups of OUT_UNROLL first:
     // with z1^T in L2 the kernel is bound by issuing instructions, and 64-bit indices and per-row
-    // masks were half of them (75 a float32 element, now 35; BENCHMARKS.md). Lanes past n read
-    // their column (inside ld) and store nothing.
+    // masks were half of them (75 a float32 element, now 35; BENCHMARKS.md). In the step z1^T
+    // comes partly from memory: the rows OUT_PREFETCH ahead are prefetched into L2. Lanes past n
+    // read their column (inside ld) and store nothing.
     const int h0 = warp * RW + lane / OUT_S, rows = h0 < H ? (H - 1 - h0) / STEP + 1 : 0;
     const long long zs = (long long)STEP * ld;
     constexpr int WS = STEP * HW / VEC;  // hw's rows, in Vs
@@ -405,6 +406,8 @@ output_layer_t(T* __restrict__ zt, const int ld, const T* __restrict__ hw, const
 #pragma unroll
             for (int v = 0; v < HW / VEC; ++v) wv[u][v] = wp[u * WS + v];
             z[u] = zp[u * zs];
+            if (OUT_PREFETCH && k + OUT_PREFETCH + u < rows)  // into L2, no register held: more bytes in flight
+                asm volatile("prefetch.global.L2 [%0];" ::"l"(zp + (OUT_PREFETCH + u) * zs));
         }
 #pragma unroll
         for (int u = 0; u < OUT_UNROLL; ++u) out_row(wv[u], z[u], zp + u * zs, store, acc);
@@ -607,8 +610,9 @@ class FusedStep:
     ``prepare`` made it once) and a memset."""
 
     KERNELS = _KERNELS  # a class attribute, so benchmarks/gpu_kernels.py can time variants
-    # Block shapes: the fastest measured (benchmarks/gpu_kernels.py, BENCHMARKS.md; OUT_UNROLL in the
-    # whole step, where z1^T comes partly from memory: 4 rows at once, 3 us a step less than 2).
+    # Block shapes: the fastest measured (benchmarks/gpu_kernels.py, BENCHMARKS.md; OUT_UNROLL and
+    # OUT_PREFETCH in the whole step, where z1^T comes partly from memory: 4 rows at once, 3 us a
+    # step less than 2; prefetched 16 rows ahead, 4 us less than not).
     THREADS = 256  # the one-dimensional kernels' (split_tf32, sgd_update, the *_rows kernels)
     OUT_ROWS, HID_ROWS = 1, 16  # z1 row-major: rows per block of output_layer_rows, hidden_grad_rows
     # z1 transposed (tensor cores): output_layer_t's warps per block of 32 samples (float64: half, for
@@ -616,6 +620,7 @@ class FusedStep:
     # samples / (32 VEC) per block, and its blocks per SM (registers capped at 64; float64: half).
     OUT_WARPS, OUT_UNROLL = 32, 4
     OUT_SAMPLES = 32  # output_layer_t's samples per block: 32, or 16 (two rows a warp)
+    OUT_PREFETCH = 16  # output_layer_t's rows (of a lane's) between a prefetch into L2 and the load: 0, none
     HID_WARPS, HID_H, HID_ITER = 8, 32, 4
     HID_MIN_BLOCKS = 4
     FIRST_PART = 0.5  # with overlap, the fraction of W1's rows summed first: the best measured
@@ -657,7 +662,7 @@ class FusedStep:
         defines = {"VEC": vec, "C": layout.C, "HW": hw_len, "THREADS": self.THREADS, "OUT_ROWS": self.OUT_ROWS}
         defines |= {"HID_ROWS": self.HID_ROWS, "OUT_WARPS": self.out_warps, "OUT_UNROLL": self.OUT_UNROLL}
         defines |= {"HID_WARPS": self.HID_WARPS, "HID_H": self.HID_H, "HID_S": self.hid_s}
-        defines |= {"OUT_S": self.OUT_SAMPLES}
+        defines |= {"OUT_S": self.OUT_SAMPLES, "OUT_PREFETCH": self.OUT_PREFETCH}
         defines |= {"HID_MIN_BLOCKS": self.HID_MIN_BLOCKS * 4 // dtype.itemsize}
         defines |= {"BF16": int(self.bf16)}
         head = f"typedef {ctype} T;\ntypedef {vtype} V;\ntypedef {'unsigned short' if self.bf16 else 'T'} P;\n"
