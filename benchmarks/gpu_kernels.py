@@ -8,9 +8,9 @@ block, rows loaded at once and samples per block; hidden_grad's warps, hidden un
 per block), hidden_grad as the TF32 step runs it (dz1^T over z1^T), as the 3xTF32 step does (its
 three TF32 parts: 26 MB read, 79 MB written), as the 2xTF32 one (tf32x3 on pixels: two parts, 52
 MB written) and as the 3xBF16 one (bf16x3, the default: three BF16 parts, 39 MB, to a buffer of
-their own). This is how FusedStep's OUT_* and HID_* shapes were chosen. With --profile-target it
-only launches the two kernels of the TF32 step twice each, for
-Nsight Compute (BENCHMARKS.md).
+their own). This is how FusedStep's OUT_* and HID_* shapes were chosen (OUT_UNROLL and OUT_PREFETCH
+in the whole step, where z1^T comes partly from memory: here it stays in L2). With --profile-target
+it only launches the two kernels of the TF32 step twice each, for Nsight Compute (BENCHMARKS.md).
 """
 
 from __future__ import annotations
