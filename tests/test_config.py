@@ -6,8 +6,10 @@ import pytest
 from hydra.errors import ConfigCompositionException
 
 from tests.conftest import compose
+from trainer import model, reference
 from trainer.config import ConfigError, config_hash, validate
-from trainer.run import gemm_mode, overlap_wanted, window_wanted
+from trainer.data import pixel_levels
+from trainer.run import gemm_mode, overlap_wanted, schedule_of, window_wanted
 from trainer.steps import gemm_products
 
 
@@ -139,3 +141,57 @@ def test_tf32_needs_float32():
 def test_gemm_products(overrides, x_levels, products):
     cfg = compose(overrides)
     assert gemm_products(gemm_mode(cfg), cfg.dtype.value, x_levels) == products
+
+
+def test_conventions_default_to_fan_in_on_unit_pixels():
+    cfg = compose([])
+    assert cfg.model.init.value == "fan_in" and cfg.data.scale.value == "unit"
+    cfg = compose(["model.init=course", "data.scale=byte"])
+    assert cfg.model.init.value == "course" and cfg.data.scale.value == "byte"
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("model.init=xavier", "Invalid value 'xavier', expected one of [fan_in, course]\n    full_key: model.init"),
+        ("data.scale=minmax", "Invalid value 'minmax', expected one of [unit, byte]\n    full_key: data.scale"),
+        ("model.inti=course", "Key 'inti' not in 'ModelConfig'\n    full_key: model.inti"),
+    ],
+)
+def test_unknown_convention_is_rejected_by_hydra_naming_the_key(override: str, message: str):
+    with pytest.raises(ConfigCompositionException) as e:
+        compose([override])
+    assert message in str(e.value.__cause__)
+
+
+def test_conventions_change_the_config_hash_and_the_reference_key():
+    """A resumed sweep must not take a fan_in run for a course one, nor the CPU reference of one for
+    the other's: model.init and data.scale are in the config hash and in the reference cache key."""
+    conventions = [[], ["model.init=course"], ["data.scale=byte"], ["model.init=course", "data.scale=byte"]]
+    hashes = {config_hash(compose(c)) for c in conventions}
+    assert len(hashes) == len(conventions)
+    assert config_hash(compose(["model.init=fan_in", "data.scale=unit"])) == config_hash(compose([]))
+
+    layout, schedule = model.Layout(D=784, H=512), schedule_of(compose([]))
+
+    def key(init: str, scale: str) -> str:
+        return reference.cache_key(layout, schedule, "float32", 0, "fingerprint", init=init, scale=scale)
+
+    keys = {key(i, s) for i in ("fan_in", "course") for s in ("unit", "byte")}
+    assert len(keys) == 4 and key("course", "byte") == key("course", "byte")
+
+
+@pytest.mark.parametrize(
+    ("overrides", "products"),
+    [
+        (["data.scale=byte"], 3),  # bf16x3 on the bytes themselves (x_levels 1): k exact in BF16
+        (["data.scale=byte", "fp32_gemm=tf32x3"], 2),  # two TF32 products, as on k / 255
+        (["data.scale=unit", "fp32_gemm=tf32x3"], 2),
+        (["data.scale=byte", "fp32_gemm=sgemm"], 1),
+    ],
+)
+def test_both_scales_keep_the_fused_steps_exact_pixels(overrides, products):
+    """The fused step reads X as its integer levels k = rint(x x_levels) and scales its GEMMs by
+    1/x_levels (trainer/steps.py): with data.scale=byte x_levels is 1, k the byte itself."""
+    cfg = compose(overrides)
+    assert gemm_products(gemm_mode(cfg), cfg.dtype.value, pixel_levels(cfg.data.scale.value)) == products

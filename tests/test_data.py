@@ -108,3 +108,32 @@ def test_full_mnist_header_is_read_when_present():
         pytest.skip(f"full MNIST not at {folder} (only the developers' machines have it)")
     x = data.read_idx(folder / "t10k-labels-idx1-ubyte.gz", data.LABELS_MAGIC)
     assert x.shape == (10000,)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_byte_scale_gives_the_file_bytes(idx_dir: Path, dtype: str):
+    """data.scale=byte: the pixels as the seeds' read_mnist gives them, the bytes 0..255 unscaled;
+    unit is the same bytes / 255. Both are k / pixel_levels(scale) with k a byte, which the fused
+    step's x_levels relies on (trainer/steps.py: rint(x levels) is k, exact in BF16 and TF32)."""
+    raw = data.read_idx(data._find(idx_dir, data.FILES["train_images"]), data.IMAGES_MAGIC).reshape(-1, 784)
+    byte = data.load(str(idx_dir), None, None, dtype, scale="byte")
+    unit = data.load(str(idx_dir), None, None, dtype, scale="unit")
+    assert byte.x_train.dtype == np.dtype(dtype) and byte.x_train.max() == raw.max() > 1
+    np.testing.assert_array_equal(byte.x_train, raw)
+    np.testing.assert_array_equal(unit.x_train, (raw.astype(dtype) / np.asarray(255, dtype=dtype)))
+    np.testing.assert_array_equal(byte.y_train, unit.y_train)
+    assert data.pixel_levels("byte") == 1 and data.pixel_levels("unit") == data.PIXEL_LEVELS == 255
+    for ds, scale in ((byte, "byte"), (unit, "unit")):
+        k = np.rint(ds.x_train * np.asarray(data.pixel_levels(scale), dtype=dtype))
+        np.testing.assert_array_equal(k, raw)
+    assert byte.fingerprint() != unit.fingerprint()  # the reference cache tells them apart
+
+
+def test_default_scale_is_unit(idx_dir: Path):
+    ds, unit = data.load(str(idx_dir), None, None, "float32"), data.load(str(idx_dir), None, None, "float32", "unit")
+    assert ds.x_train.max() <= 1 and np.array_equal(ds.x_train, unit.x_train)
+
+
+def test_unknown_scale_names_the_key(idx_dir: Path):
+    with pytest.raises(ConfigError, match=r"data.scale=minmax: expected one of unit, byte"):
+        data.load(str(idx_dir), None, None, "float32", scale="minmax")

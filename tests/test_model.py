@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from trainer import model
 
@@ -71,3 +72,28 @@ def test_init_is_seeded_and_unbiased():
     assert a.dtype == np.float32 and np.array_equal(a, b)
     p = layout.views(a)
     assert not p.b1.any() and abs(p.W1.std() * np.sqrt(784) - 1) < 0.05
+
+
+def test_init_schemes_differ_only_in_the_weights_scale():
+    """model.init: fan_in draws W ~ N(0, 1/fan_in), course W ~ 0.01 N(0, 1) (the seeds' C++); the same
+    seed gives the same normal draws, and the biases are zero in both."""
+    layout = model.Layout(D=784, H=512)
+    fan_in = layout.views(model.init_params(layout, 5, "float64", "fan_in"))
+    course = layout.views(model.init_params(layout, 5, "float64", "course"))
+    for p in (fan_in, course):
+        assert not p.b1.any() and not p.b2.any()
+    for w in (course.W1, course.W2):  # 0.01 whatever the width; the mean within 5 standard errors of 0
+        assert abs(w.std() / 0.01 - 1) < 0.03 and abs(w.mean()) < 5 * 0.01 / np.sqrt(w.size)
+    assert abs(fan_in.W2.std() * np.sqrt(512) - 1) < 0.03
+    np.testing.assert_allclose(course.W1 / 0.01, fan_in.W1 * np.sqrt(784), rtol=1e-12)
+    np.testing.assert_allclose(course.W2 / 0.01, fan_in.W2 * np.sqrt(512), rtol=1e-12)
+
+
+def test_default_init_is_fan_in():
+    layout = model.Layout(D=20, H=8)
+    assert np.array_equal(model.init_params(layout, 1, "float32"), model.init_params(layout, 1, "float32", "fan_in"))
+
+
+def test_unknown_init_is_refused():
+    with pytest.raises(ValueError, match=r"init='xavier': expected one of fan_in, course"):
+        model.init_params(model.Layout(D=4, H=3), 0, "float32", "xavier")

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -10,8 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import MPIEXEC
-from trainer import data, metrics, model
+from tests.conftest import MPIEXEC, ROOT, compose
+from trainer import data, metrics, model, provenance, tracking
+from trainer.backend import Backend
 from trainer.loop import Schedule, fit
 
 pytestmark = pytest.mark.mpi
@@ -32,6 +35,10 @@ def only_run(uri: str, experiment: str = "sweepscale"):
     runs = client.search_runs([exp.experiment_id])
     assert len(runs) == 1
     return client, runs[0]
+
+
+def git(*args: str) -> str:
+    return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout
 
 
 def final_weights(client, run) -> np.ndarray:
@@ -86,8 +93,24 @@ def test_run_lands_with_every_metric(idx_dir, mlflow_uri, tmp_path):
         metrics.ALLREDUCE_GBPS,
         metrics.FLOPS_PER_BATCH,
         metrics.ALLREDUCE_BYTES,
+        metrics.BYTES_PCI,
+        metrics.BYTES_MPI,
+        metrics.ARITHMETIC_INTENSITY,
+        metrics.BATCH_MS_REPEAT,
+        *(metrics.phase_quantile(p, w) for p in metrics.PHASES for w in ("q1", "q3")),
     ]
     assert sorted(set(expected) - set(m)) == []
+    for phase in metrics.PHASES:
+        q1, median, q3 = (m[k] for k in (metrics.phase_quantile(phase, "q1"), metrics.phase_time(phase),
+                                          metrics.phase_quantile(phase, "q3")))  # fmt: skip
+        assert 0 <= q1 <= median <= q3
+    # The course's bytes per rank and batch (CPU: nothing over PCIe; 2 ranks: 2b over MPI), and the
+    # FLOPs of rank 0's 4 rows of 7 over them.
+    assert m[metrics.BYTES_PCI] == 0
+    assert m[metrics.BYTES_MPI] == 2 * (16 * 784 + 16 + 10 * 16 + 10) * 8
+    assert m[metrics.ARITHMETIC_INTENSITY] == pytest.approx((4 * 4 * 16 * 784 + 6 * 4 * 16 * 10) / (2 * 12730 * 8))
+    assert m[metrics.BATCH_MS_REPEAT] == m[metrics.phase_time("batch")]  # repeats=1: the run's own, at step 0
+    assert metrics.UTILIZATION not in m  # a CPU has no datasheet peak
     assert run.data.tags["sweepscale.world_size"] == "2"
     assert m[metrics.FLOPS_PER_BATCH] == 4 * 7 * 16 * 784 + 6 * 7 * 16 * 10
     assert m[metrics.ALLREDUCE_BYTES] == (16 * 784 + 16 + 10 * 16 + 10 + 1) * 8
@@ -96,6 +119,14 @@ def test_run_lands_with_every_metric(idx_dir, mlflow_uri, tmp_path):
     assert [x.step for x in client.get_metric_history(run.info.run_id, metrics.TEST_PRECISION)] == [1, 2]
     p = run.data.params
     assert p["hidden"] == "16" and p["data.dir"] == str(idx_dir) and p["dtype"] == "float64"
+    assert p["perf.repeats"] == "1"
+    assert not [k for k in p if k.startswith("mlflow.")]  # where the run is recorded is no param
+    tags = run.data.tags
+    assert tags[metrics.TAG_VERSION] == importlib.metadata.version("sweepscale")
+    assert tags[metrics.TAG_GIT_COMMIT] == git("rev-parse", "HEAD").strip()
+    assert tags[metrics.TAG_GIT_DIRTY] == str(bool(git("status", "--porcelain").strip())).lower()
+    experiment = client.get_experiment(run.info.experiment_id)
+    assert experiment.tags[metrics.TAG_EXPERIMENT_KIND] == metrics.EXPERIMENT_KIND
     from mpi4py import MPI
 
     assert run.data.tags[metrics.TAG_CONFIG_HASH]
@@ -156,3 +187,110 @@ def test_gpu_only_choices_on_the_cpu_are_clear_errors(override, key, tmp_path, m
     result = trainer([override, "device=cpu", "nproc=2"], tmp_path)
     assert result.returncode == 2
     assert f"{override} needs a GPU and none is used here; set {key}=auto" in result.stderr
+
+
+def test_timing_repeats_leave_the_training_untouched(idx_dir, mlflow_uri, tmp_path):
+    """perf.repeats=3 times the first epoch twice more after training, on scratch weights, on both
+    ranks: the same weights, losses and reference check as without, and one median per repeat."""
+    runs = {}
+    for repeats in (1, 3):
+        args = [*COMMON, "nproc=2", f"data.dir={idx_dir}", f"perf.repeats={repeats}", f"mlflow.experiment=r{repeats}"]
+        result = trainer(args, tmp_path)
+        assert result.returncode == 0, result.stderr
+        runs[repeats] = only_run(mlflow_uri, f"r{repeats}")
+    (client, once), (_, thrice) = runs[1], runs[3]
+    np.testing.assert_array_equal(final_weights(client, thrice), final_weights(client, once))
+
+    def history(run, key):
+        return [
+            (x.step, x.value) for x in sorted(client.get_metric_history(run.info.run_id, key), key=lambda x: x.step)
+        ]
+
+    assert history(thrice, metrics.TRAIN_LOSS) == history(once, metrics.TRAIN_LOSS)
+    assert history(thrice, metrics.TEST_PRECISION) == history(once, metrics.TEST_PRECISION)
+    assert thrice.data.metrics[metrics.weight_error("max")] == once.data.metrics[metrics.weight_error("max")]
+    repeats = history(thrice, metrics.BATCH_MS_REPEAT)
+    assert [step for step, _ in repeats] == [0, 1, 2]
+    assert repeats[0][1] == thrice.data.metrics[metrics.phase_time("batch")]
+    assert all(ms > 0 for _, ms in repeats)
+    assert [step for step, _ in history(once, metrics.BATCH_MS_REPEAT)] == [0]
+
+
+def test_repeats_below_one_are_refused(tmp_path, mlflow_uri):
+    result = trainer(["perf.repeats=0", "epochs=1"], tmp_path)
+    assert result.returncode == 2
+    assert "perf.repeats=0: the batches are timed at least once" in result.stderr
+
+
+def performance_run(mlflow_uri: str, overrides: list[str], device_name: str, batch_ms: float):
+    """record_performance on a real store for a GPU run at H=2048, B=3200 that took batch_ms a batch."""
+    from trainer.run import record_performance
+
+    cfg = compose(["hidden=2048", "batch_size=3200", *overrides])
+    recorder = tracking.Recorder(mlflow_uri, "perf", None, {})
+    backend = Backend(np, "gpu", device_name)
+    phase_ms = {"forward": batch_ms / 2, "backward": batch_ms / 2, "batch": batch_ms}
+    record_performance(recorder, cfg, model.Layout(784, 2048), backend, phase_ms, 1, step="fused", products=3,
+                       comm="nccl", n_train=38400)  # fmt: skip
+    recorder.finish()
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(mlflow_uri).get_run(recorder.run_id)
+
+
+def test_utilization_divides_by_the_peak_of_the_arithmetic_used(mlflow_uri):
+    """3xBF16 at H=2048 in 0.168 ms on an H200 (BENCHMARKS.md): over the BF16 tensor cores' peak
+    for three products, not over FP32's (which read 1.84)."""
+    run = performance_run(mlflow_uri, ["fp32_gemm=bf16x3"], "NVIDIA H200", 0.168)
+    m, tags = run.data.metrics, run.data.tags
+    tflops = (4 * 3200 * 2048 * 784 + 6 * 3200 * 2048 * 10) / 0.168e-3 / 1e12
+    assert m[metrics.TFLOPS] == pytest.approx(tflops)
+    assert m[metrics.UTILIZATION] == pytest.approx(tflops / (989.5 / 3))
+    assert m[metrics.UTILIZATION] < 0.4
+    assert float(tags[metrics.TAG_PEAK_TFLOPS]) == pytest.approx(989.5 / 3)
+    assert tags[metrics.TAG_PEAK_ARITHMETIC] == "BF16 tensor cores / 3 products"
+    assert metrics.TAG_UTILIZATION_ERROR not in tags
+    # On the GPU with the data on it and one rank, nothing crosses PCIe or MPI: no finite intensity.
+    assert m[metrics.BYTES_PCI] == m[metrics.BYTES_MPI] == 0
+    assert metrics.ARITHMETIC_INTENSITY not in m
+
+
+def test_utilization_above_one_is_never_logged(mlflow_uri):
+    """A configured peak below what the run reached (the FP32 peak for 3xBF16) is a wrong peak:
+    no utilization, and a tag that says why."""
+    run = performance_run(mlflow_uri, ["fp32_gemm=bf16x3", "perf.peak_tflops=67"], "NVIDIA H200", 0.168)
+    assert metrics.UTILIZATION not in run.data.metrics
+    error = run.data.tags[metrics.TAG_UTILIZATION_ERROR]
+    assert "would be 1.86 of the peak, 67 TFLOP/s per device" in error
+    assert "that peak is wrong for this arithmetic" in error
+    assert run.data.tags[metrics.TAG_PEAK_ARITHMETIC] == "perf.peak_tflops (the GEMMs: BF16 tensor cores / 3 products)"
+
+
+def test_new_and_old_experiments_open_on_the_runs_table(mlflow_uri):
+    """MLflow 3's UI opens an experiment on its runs table when its kind tag says custom model
+    development: new experiments get it, old ones without it too, a kind set by hand stays."""
+    client = tracking.client(mlflow_uri)
+    kind = metrics.TAG_EXPERIMENT_KIND
+    new = tracking.ensure_experiment(client, mlflow_uri, "new")
+    assert client.get_experiment(new).tags[kind] == "custom_model_development"
+    old = client.create_experiment("old")  # as an earlier version made them
+    assert kind not in client.get_experiment(old).tags
+    assert tracking.ensure_experiment(client, mlflow_uri, "old") == old
+    assert client.get_experiment(old).tags[kind] == "custom_model_development"
+    genai = client.create_experiment("genai", tags={kind: "genai_development"})
+    assert tracking.ensure_experiment(client, mlflow_uri, "genai") == genai
+    assert client.get_experiment(genai).tags[kind] == "genai_development"
+
+
+def test_code_tags_outside_a_git_checkout(tmp_path, monkeypatch):
+    """A copy of the package outside any checkout: the version, no git tags; without installed
+    metadata, pyproject's version."""
+    shutil.copytree(ROOT / "trainer", tmp_path / "pkg" / "trainer", ignore=shutil.ignore_patterns("__pycache__"))
+    code = "from trainer import provenance; print(sorted(provenance.code_tags().items()))"
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "pkg")}
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == str([(metrics.TAG_VERSION, importlib.metadata.version("sweepscale"))])
+    monkeypatch.setattr(provenance, "DISTRIBUTION", "not-installed-anywhere")
+    assert provenance.package_version() == "0.1.0"  # pyproject.toml's

@@ -2,7 +2,8 @@
 
 On the GPU a CUDA event is recorded into the stream at every phase boundary and the events are
 read once per epoch, so timing adds no synchronisation to the step. On the CPU work is
-synchronous and ``time.perf_counter`` is exact.
+synchronous and ``time.perf_counter`` is exact. Every batch's durations are kept, so the spread
+(quartiles) is known as well as the median.
 """
 
 from __future__ import annotations
@@ -68,6 +69,10 @@ class PhaseClock:
             self.samples["batch"].append(self._ms(marks[0], marks[-1]))
         self._pending = []
 
-    def medians(self) -> dict[str, float]:
+    def quantiles(self, q: float) -> dict[str, float]:
+        """Quantile ``q`` (0.5: the median) of each phase's milliseconds over every batch timed so far."""
         self.flush()
-        return {p: float(np.median(v)) for p, v in self.samples.items() if v}
+        return {p: float(np.quantile(v, q)) for p, v in self.samples.items() if v}
+
+    def medians(self) -> dict[str, float]:
+        return self.quantiles(0.5)

@@ -60,6 +60,16 @@ class DType(str, Enum):
     float64 = "float64"
 
 
+class Init(str, Enum):
+    fan_in = "fan_in"  # W ~ N(0, 1/fan_in), b = 0: pre-activations of order one on [0, 1] pixels
+    course = "course"  # W = 0.01 N(0, 1), b = 0: the seeds' C++ (NeuralNetwork(): 0.01 * arma::randn, b.zeros)
+
+
+class PixelScale(str, Enum):
+    unit = "unit"  # k / 255, in [0, 1]
+    byte = "byte"  # k itself, 0..255: the seeds' read_mnist casts each byte to nn_real, unscaled
+
+
 @dataclass
 class DataConfig:
     # Folder with the four IDX files (gzip or raw). None: the embedded handwritten digits.
@@ -72,6 +82,14 @@ class DataConfig:
     # Keep the training set on the device for the whole run (one upload) instead of copying
     # each batch from pinned host memory, as the seeds' code did.
     on_device: bool = MISSING
+    # Pixel values the model sees: unit (k / 255) or byte (k, as the seeds' code reads them).
+    scale: PixelScale = MISSING
+
+
+@dataclass
+class ModelConfig:
+    # Initial weights (biases are zero either way): fan_in or course (the seeds' 0.01 N(0, 1)).
+    init: Init = MISSING
 
 
 @dataclass
@@ -103,8 +121,12 @@ class SaveConfig:
 
 @dataclass
 class PerfConfig:
-    # Peak FLOP/s for perf/utilization. None: the datasheet peak of the detected GPU.
-    peak_tflops: float | None = None
+    # Peak model TFLOP/s per device for perf/utilization. None: the datasheet peak of the detected
+    # GPU for the arithmetic the run's GEMMs use (trainer/flops.py peak_tflops).
+    peak_tflops: float | None = MISSING
+    # Times the first epoch's batches are timed: 1 = the training run alone; k > 1 times them k - 1
+    # more times after training, on a scratch copy of the initial weights (time/batch_ms_repeat).
+    repeats: int = MISSING
 
 
 @dataclass
@@ -143,6 +165,7 @@ class TrainerConfig:
     overlap: Overlap = MISSING  # fused step with NCCL: all-reduce behind the step's compute
     nccl_window: NcclWindow = MISSING  # NCCL 2.27+: the gradient in a symmetric memory window
     profile: bool = MISSING  # NVTX ranges per phase, for Nsight Systems
+    model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     check: CheckConfig = field(default_factory=CheckConfig)
     mlflow: MlflowConfig = field(default_factory=MlflowConfig)
@@ -205,6 +228,13 @@ def validate(cfg: TrainerConfig) -> None:
         (
             not (cfg.tf32 and cfg.dtype == DType.float64),
             "tf32=true needs dtype=float32 (TF32 is a float32 GEMM mode); drop tf32 or use float32",
+        )
+    )
+    checks.append(
+        (
+            cfg.perf.repeats >= 1,
+            f"perf.repeats={cfg.perf.repeats}: the batches are timed at least once (1 = the training run "
+            "alone, k > 1 adds k - 1 timing repeats of the first epoch); set perf.repeats=1 or more",
         )
     )
     for ok, message in checks:

@@ -1,6 +1,7 @@
 """Training and test data: IDX files (MNIST, Fashion-MNIST) or the embedded handwritten digits.
 
-Images come back as float arrays of shape (N, 784) scaled to [0, 1], labels as int64 (N,).
+Images come back as float arrays of shape (N, 784), labels as int64 (N,). The pixels are k / 255 in
+[0, 1] (scale "unit") or the bytes k themselves (scale "byte", as the seeds' C++ reads them).
 Everything here runs on the host; the trainer decides what goes to the device.
 """
 
@@ -24,6 +25,9 @@ N_CLASSES = 10
 # Pixels are bytes: load() gives k / PIXEL_LEVELS, k an integer in 0..255. The GPU's float32-accurate
 # tensor-core GEMMs rely on it (trainer/steps.py): k is exact in TF32, k / 255 is not.
 PIXEL_LEVELS = 255
+# data.scale -> the x_levels of the fused step (trainer/steps.py): every pixel is k / levels, k a byte.
+# unit: k / 255 in [0, 1]; byte: k itself (levels 1), the seeds' read_mnist: (nn_real)temp, unscaled.
+SCALE_LEVELS = {"unit": PIXEL_LEVELS, "byte": 1}
 
 FILES = {
     "train_images": "train-images-idx3-ubyte",
@@ -35,7 +39,7 @@ FILES = {
 
 @dataclass(frozen=True)
 class Dataset:
-    x_train: np.ndarray  # (N, D) float, in [0, 1]
+    x_train: np.ndarray  # (N, D) float: k / SCALE_LEVELS[scale], k a byte
     y_train: np.ndarray  # (N,) int64
     x_test: np.ndarray
     y_test: np.ndarray
@@ -169,8 +173,17 @@ def _bilinear_matrix(n_in: int, n_out: int) -> np.ndarray:
     return m
 
 
-def load(data_dir: str | None, n_train: int | None, n_test: int | None, dtype: str) -> Dataset:
-    """Load, take the first n samples, scale pixels to [0, 1] in the run's dtype."""
+def pixel_levels(scale: str) -> int:
+    """The x_levels of data.scale: load() gives every pixel as k / levels, k an integer in 0..255."""
+    if scale not in SCALE_LEVELS:
+        raise ConfigError(f"data.scale={scale}: expected one of {', '.join(SCALE_LEVELS)}")
+    return SCALE_LEVELS[scale]
+
+
+def load(data_dir: str | None, n_train: int | None, n_test: int | None, dtype: str, scale: str = "unit") -> Dataset:
+    """Load, take the first n samples, give the pixels as k / pixel_levels(scale) in the run's dtype:
+    unit, in [0, 1]; byte, the bytes 0..255 unscaled."""
+    levels = pixel_levels(scale)
     ds = load_embedded_digits() if data_dir is None else load_idx_folder(data_dir)
     for key, n, have in (("data.n_train", n_train, len(ds.y_train)), ("data.n_test", n_test, len(ds.y_test))):
         if n is not None and n > have:
@@ -178,7 +191,7 @@ def load(data_dir: str | None, n_train: int | None, n_test: int | None, dtype: s
     nt = len(ds.y_train) if n_train is None else n_train
     ne = len(ds.y_test) if n_test is None else n_test
 
-    def scale(a: np.ndarray) -> np.ndarray:
-        return a.astype(dtype) / np.asarray(PIXEL_LEVELS, dtype=dtype)
+    def pixels(a: np.ndarray) -> np.ndarray:
+        return a.astype(dtype) / np.asarray(levels, dtype=dtype)
 
-    return Dataset(scale(ds.x_train[:nt]), ds.y_train[:nt], scale(ds.x_test[:ne]), ds.y_test[:ne], source=ds.source)
+    return Dataset(pixels(ds.x_train[:nt]), ds.y_train[:nt], pixels(ds.x_test[:ne]), ds.y_test[:ne], source=ds.source)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -168,3 +168,24 @@ def fit(
         if on_epoch:
             on_epoch(EpochResult(epoch, iteration - n_batches, host_losses, sizes, seconds))
     return params
+
+
+def time_first_epoch(
+    xp: Any,
+    layout: model.Layout,
+    params: Any,
+    x: Any,
+    y: Any,
+    schedule: Schedule,
+    clock: PhaseClock,
+    rank: int = 0,
+    size: int = 1,
+    allreduce: Callable[[Any], None] | None = None,
+    **step_options: Any,
+) -> float:
+    """Train ``params`` (a scratch copy: it is updated) on the first epoch's batches once more,
+    timing every batch with ``clock``, and return the median batch time in ms: one timing repeat
+    (config ``perf.repeats``). Every rank runs it (the all-reduce is collective); the training
+    run's own weights, losses and timings are not touched. ``step_options``: fit's step keywords."""
+    fit(xp, layout, params, x, y, replace(schedule, epochs=1), rank, size, allreduce, clock, **step_options)
+    return clock.medians()["batch"]

@@ -21,17 +21,46 @@ UTILIZATION = "perf/utilization"
 ALLREDUCE_GBPS = "perf/allreduce_gbps"
 FLOPS_PER_BATCH = "model/flops_per_batch"
 ALLREDUCE_BYTES = "model/allreduce_bytes"
+# The course's byte model per rank and batch (trainer/flops.py transfer_bytes) and FLOPs per
+# rank and batch over their sum (absent when no byte moves: the intensity is unbounded).
+BYTES_PCI = "model/bytes_pci"
+BYTES_MPI = "model/bytes_mpi"
+ARITHMETIC_INTENSITY = "model/arithmetic_intensity"
+# Step = repeat r: the median batch time of the training run (r = 0) and of each timing repeat
+# of its first epoch (r = 1 .. perf.repeats - 1).
+BATCH_MS_REPEAT = "time/batch_ms_repeat"
+QUANTILES = {"q1": 0.25, "q3": 0.75}  # phase_quantile's names and their quantiles
 
 # Tags.
 TAG_CONFIG_HASH = "sweepscale.config_hash"
 TAG_SWEEP_ID = "sweepscale.sweep_id"
 TAG_ERROR = "sweepscale.error"
 TAG_TIMING = "sweepscale.timing"
+TAG_PEAK_TFLOPS = "sweepscale.peak_tflops_per_device"  # the peak perf/utilization divides by
+TAG_PEAK_ARITHMETIC = "sweepscale.peak_arithmetic"  # which arithmetic that peak is of
+TAG_UTILIZATION_ERROR = "sweepscale.utilization_error"  # why no perf/utilization: it exceeded 1
+TAG_GIT_COMMIT = "mlflow.source.git.commit"  # MLflow's own key: the UI shows it
+TAG_GIT_DIRTY = "sweepscale.git_dirty"
+TAG_VERSION = "sweepscale.version"
+# MLflow 3's experiment kind: its UI opens an experiment of this kind on the runs table.
+TAG_EXPERIMENT_KIND = "mlflow.experimentKind"
+EXPERIMENT_KIND = "custom_model_development"
+# On a sweep's parent run: it is one (with its launcher), how it was started, where its folder is.
+TAG_SCHEDULER = "sweepscale.scheduler"
+TAG_COMMAND = "sweepscale.command"
+TAG_SWEEP_DIR = "sweepscale.sweep_dir"
 
 
 def phase_time(phase: str) -> str:
     """Median milliseconds per batch spent in ``phase``."""
     return f"time/{phase}_ms"
+
+
+def phase_quantile(phase: str, which: str) -> str:
+    """Milliseconds per batch in ``phase`` at quartile ``which``: q1 (25th percentile) or q3 (75th)."""
+    if which not in QUANTILES:
+        raise ValueError(f"which={which!r}: expected one of {', '.join(QUANTILES)}")
+    return f"time/{phase}_ms_{which}"
 
 
 def weight_error(name: str) -> str:

@@ -65,18 +65,31 @@ class Layout:
         return Params(*out)
 
 
-def init_params(layout: Layout, seed: int, dtype: str) -> np.ndarray:
-    """Seeded host-side init, identical on every rank: W ~ N(0, 1/fan_in), b = 0."""
+# Initial weights, per scheme (model.init); biases start at zero in both.
+#   fan_in: W ~ N(0, 1/fan_in), pre-activations of order one on [0, 1] pixels whatever the width.
+#   course: W ~ 0.01 N(0, 1), the seeds' C++ (NeuralNetwork(): W[i] = 0.01 * arma::randn(...)).
+INITS = ("fan_in", "course")
+COURSE_STD = 0.01
+
+
+def init_params(layout: Layout, seed: int, dtype: str, init: str = "fan_in") -> np.ndarray:
+    """Seeded host-side init, identical on every rank: W as ``init`` says (INITS), b = 0."""
+    if init not in INITS:
+        raise ValueError(f"init={init!r}: expected one of {', '.join(INITS)}")
     rng = np.random.default_rng(seed)
     flat = np.zeros(layout.size, dtype=dtype)
     p = layout.views(flat)
-    p.W1[...] = rng.standard_normal(p.W1.shape) / np.sqrt(layout.D)
-    p.W2[...] = rng.standard_normal(p.W2.shape) / np.sqrt(layout.H)
+    for w, fan_in in ((p.W1, layout.D), (p.W2, layout.H)):
+        z = rng.standard_normal(w.shape)
+        w[...] = z / np.sqrt(fan_in) if init == "fan_in" else COURSE_STD * z
     return flat
 
 
 def sigmoid(z: Array) -> Array:
     xp = array_module(z)
+    if xp is np:  # exp(-z) overflows to inf for z below -88 (float32), as on bytes (data.scale=byte):
+        with np.errstate(over="ignore"):  # 1 / (1 + inf) = 0 is the right limit, not worth a warning
+            return 1 / (1 + np.exp(-z))
     return 1 / (1 + xp.exp(-z))
 
 

@@ -1,8 +1,8 @@
 """The seeds' correctness check: train the same network sequentially with NumPy and compare.
 
-The reference weights depend on the model, the data, the schedule, the dtype and the seed,
-never on nproc, the device or the communication, so they are cached under a hash of exactly
-those and a sweep over nproc computes them once.
+The reference weights depend on the model (its layout and init), the data (and its pixel scale),
+the schedule, the dtype and the seed, never on nproc, the device or the communication, so they are
+cached under a hash of exactly those and a sweep over nproc computes them once.
 """
 
 from __future__ import annotations
@@ -22,10 +22,16 @@ from trainer.loop import Schedule, fit
 VERSION = 1
 
 
-def cache_key(layout: model.Layout, schedule: Schedule, dtype: str, seed: int, data_fingerprint: str) -> str:
+def cache_key(
+    layout: model.Layout, schedule: Schedule, dtype: str, seed: int, data_fingerprint: str, *, init: str, scale: str
+) -> str:
+    """``init``: model.init (the seed alone does not say the initial weights); ``scale``: data.scale
+    (the fingerprint hashes the scaled pixels too, named here so that the key says it)."""
     what = {
         "version": VERSION,
         "layout": asdict(layout),
+        "init": init,
+        "scale": scale,
         "schedule": asdict(schedule),
         "dtype": dtype,
         "seed": seed,

@@ -15,12 +15,12 @@ from typing import Any
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
-from trainer import console, flops, metrics, model, parallel, reference, tracking
+from trainer import console, flops, metrics, model, parallel, provenance, reference, tracking
 from trainer import data as data_mod
 from trainer.backend import Backend, gpu_count, select
 from trainer.clock import PhaseClock
 from trainer.config import ConfigError, NcclWindow, Overlap, config_hash, validate
-from trainer.loop import STEP_PHASES, EpochResult, Schedule, fit
+from trainer.loop import STEP_PHASES, EpochResult, Schedule, fit, time_first_epoch
 from trainer.steps import gemm_products, sums_beside_gemm
 
 
@@ -57,7 +57,7 @@ def main(cfg: DictConfig, argv: list[str]) -> int:
 
 
 def load_data(cfg: DictConfig) -> data_mod.Dataset:
-    return data_mod.load(cfg.data.dir, cfg.data.n_train, cfg.data.n_test, cfg.dtype.value)
+    return data_mod.load(cfg.data.dir, cfg.data.n_train, cfg.data.n_test, cfg.dtype.value, cfg.data.scale.value)
 
 
 def schedule_of(cfg: DictConfig) -> Schedule:
@@ -65,7 +65,8 @@ def schedule_of(cfg: DictConfig) -> Schedule:
 
 
 def flat_params(cfg: DictConfig) -> dict[str, Any]:
-    """The resolved config flattened to MLflow params: hidden, lr, ..., data.dir, ..."""
+    """The resolved config flattened to MLflow params: hidden, lr, ..., data.dir, ... The mlflow.*
+    settings (where and how the run is recorded) are not params: MLflow shows them itself."""
     out: dict[str, Any] = {}
 
     def walk(node: Any, prefix: str) -> None:
@@ -75,7 +76,8 @@ def flat_params(cfg: DictConfig) -> dict[str, Any]:
             else:
                 out[f"{prefix}{k}"] = v
 
-    walk(OmegaConf.to_container(cfg, resolve=True, enum_to_str=True), "")
+    resolved = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+    walk({k: v for k, v in resolved.items() if k != "mlflow"}, "")
     return out
 
 
@@ -122,6 +124,7 @@ def start_recording(
         "sweepscale.hosts": ",".join(sorted(set(hosts))),
         metrics.TAG_TIMING: "cuda-events" if backend.kind == "gpu" else "perf-counter",
         **{f"sweepscale.version.{k}": v for k, v in backend.versions.items()},
+        **provenance.code_tags(),
         **dict(cfg.mlflow.tags),
     }
     if cfg.mlflow.parent_run_id:
@@ -142,7 +145,7 @@ def train_on_rank(
     xp = backend.xp
     layout = model.Layout(D=ds.n_features, H=cfg.hidden, C=data_mod.N_CLASSES)
     schedule = schedule_of(cfg)
-    init = model.init_params(layout, cfg.seed, cfg.dtype.value)
+    init = model.init_params(layout, cfg.seed, cfg.dtype.value, cfg.model.init.value)
     params = xp.array(init)  # a copy: init is kept for the reference and the artifact
     if cfg.data.on_device or backend.kind == "cpu":
         x_train, y_train = xp.asarray(ds.x_train), xp.asarray(ds.y_train)
@@ -161,7 +164,7 @@ def train_on_rank(
     if recorder is not None:
         recorder.set_tags({"sweepscale.comm": type(allreduce).__name__, "sweepscale.step": step})
         if step == "fused":
-            products = gemm_products(gemm_mode(cfg), params.dtype, data_mod.PIXEL_LEVELS)
+            products = gemm_products(gemm_mode(cfg), params.dtype, data_mod.pixel_levels(cfg.data.scale.value))
             recorder.set_tags(
                 {
                     "sweepscale.gemm": gemm_mode(cfg),
@@ -189,15 +192,30 @@ def train_on_rank(
     fault = cfg.fault.iteration if cfg.fault.rank == world.rank else None
     fit(
         xp, layout, params, x_train, y_train, schedule, world.rank, world.size, allreduce, clock, on_epoch, fault,
-        step_kind=cfg.step.value, gemm=gemm_mode(cfg), overlap=overlap, x_levels=data_mod.PIXEL_LEVELS,
+        step_kind=cfg.step.value, gemm=gemm_mode(cfg), overlap=overlap,
+        x_levels=data_mod.pixel_levels(cfg.data.scale.value),
     )  # fmt: skip
+    # perf.repeats: the first epoch timed again on scratch weights, on every rank (the sums are collective).
+    repeat_ms = [clock.medians()["batch"]]  # r = 0: the training run's own median
+    levels = data_mod.pixel_levels(cfg.data.scale.value)
+    options = {"step_kind": cfg.step.value, "gemm": gemm_mode(cfg), "overlap": overlap, "x_levels": levels}
+    for _ in range(cfg.perf.repeats - 1):
+        repeat_clock = PhaseClock(STEP_PHASES, gpu=backend.kind == "gpu")
+        args = (xp, layout, xp.array(init), x_train, y_train, schedule, repeat_clock, world.rank, world.size, allreduce)
+        repeat_ms.append(time_first_epoch(*args, **options))
     if recorder is None:
         return
     if isinstance(allreduce, parallel.NcclAllreduce):  # known once fit has asked it for the gradient's buffer
         recorder.set_tags({"sweepscale.nccl_window": allreduce.window_state})
     final = backend.to_host(params)
     phase_ms = clock.medians()
-    record_performance(recorder, cfg, layout, backend, phase_ms, world.size, overlap)
+    n_products = gemm_products(gemm_mode(cfg), params.dtype, levels) if step == "fused" else 1
+    comm = "nccl" if isinstance(allreduce, parallel.NcclAllreduce) else "mpi" if backend.kind == "gpu" else "host"
+    quartiles = {which: clock.quantiles(q) for which, q in metrics.QUANTILES.items()}
+    record_performance(
+        recorder, cfg, layout, backend, phase_ms, world.size, overlap, step=step, products=n_products, comm=comm,
+        n_train=len(ds.y_train), quartiles=quartiles, repeat_ms=repeat_ms,
+    )  # fmt: skip
     rows = {
         "final loss": f"{last['loss']:.5f}",
         "test precision": "-" if last["precision"] is None else f"{last['precision']:.4f}",
@@ -205,7 +223,10 @@ def train_on_rank(
         "ranks x device": f"{world.size} x {backend.kind} ({backend.device_name})",
     }
     if cfg.check.reference:
-        key = reference.cache_key(layout, schedule, cfg.dtype.value, cfg.seed, ds.fingerprint())
+        key = reference.cache_key(
+            layout, schedule, cfg.dtype.value, cfg.seed, ds.fingerprint(),
+            init=cfg.model.init.value, scale=cfg.data.scale.value,
+        )  # fmt: skip
         ref, cached = reference.reference_params(
             layout, init, ds.x_train, ds.y_train, schedule, cfg.check.cache_dir, key
         )
@@ -278,24 +299,74 @@ def record_performance(
     phase_ms: dict[str, float],
     nproc: int,
     overlap: bool = False,
+    *,
+    step: str = "generic",
+    products: int = 1,
+    comm: str = "host",
+    n_train: int | None = None,
+    quartiles: dict[str, dict[str, float]] | None = None,
+    repeat_ms: list[float] | None = None,
 ) -> None:
-    """Median phase times, and the FLOP model's rates for a full batch of the global size.
-    With ``overlap`` the allreduce phase is only a wait, so no all-reduce bandwidth is derived."""
+    """Phase times (median, and ``quartiles``: {"q1": ..., "q3": ...} of each phase), the FLOP
+    model's rates for a full batch of the global size (``n_train`` caps it), the course's bytes and
+    arithmetic intensity per rank and batch, and the median batch time of each timing repeat.
+
+    perf/utilization divides by the peak of the arithmetic the GEMMs ran on (``step`` and the config
+    give the GEMM mode, ``products`` the products per model GEMM; perf.peak_tflops overrides it);
+    a utilization above 1 means that peak is wrong and is not logged: the tag
+    sweepscale.utilization_error says why. ``comm``: trainer/flops.py COMMS. With ``overlap`` the
+    allreduce phase is only a wait, so no all-reduce bandwidth is derived."""
     B, D, H, C = cfg.batch_size, layout.D, layout.H, layout.C
+    if n_train is not None:
+        B = min(B, n_train)  # a single, short batch is what was timed
+    itemsize = np.dtype(cfg.dtype.value).itemsize
     batch_flops = flops.batch_flops(B, D, H, C)
-    ar_bytes = flops.allreduce_bytes(D, H, C, np.dtype(cfg.dtype.value).itemsize)
+    ar_bytes = flops.allreduce_bytes(D, H, C, itemsize)
     recorder.metric(metrics.FLOPS_PER_BATCH, batch_flops)
     recorder.metric(metrics.ALLREDUCE_BYTES, ar_bytes)
+    rows = -(-B // nproc)  # rank 0's share of the batch, the largest
+    images_per_batch = backend.kind == "gpu" and not cfg.data.on_device
+    moved = flops.transfer_bytes(rows, D, H, C, itemsize, nproc, comm, images_per_batch)
+    recorder.metric(metrics.BYTES_PCI, moved["pci"])
+    recorder.metric(metrics.BYTES_MPI, moved["mpi"])
+    if moved["pci"] + moved["mpi"]:  # else unbounded, and MLflow would store inf as the largest float
+        recorder.metric(
+            metrics.ARITHMETIC_INTENSITY,
+            flops.arithmetic_intensity(flops.batch_flops(rows, D, H, C), moved["pci"] + moved["mpi"]),
+        )
     for phase, ms in phase_ms.items():
         recorder.metric(metrics.phase_time(phase), ms)
+    for which, values in (quartiles or {}).items():
+        for phase, ms in values.items():
+            recorder.metric(metrics.phase_quantile(phase, which), ms)
+    for r, ms in enumerate(repeat_ms or []):
+        recorder.metric(metrics.BATCH_MS_REPEAT, ms, r)
     batch_s = phase_ms["batch"] / 1e3
     tflops = batch_flops / batch_s / 1e12
     recorder.metric(metrics.SAMPLES_PER_S, B / batch_s)
     recorder.metric(metrics.TFLOPS, tflops)
-    mode = "tf32" if cfg.tf32 else cfg.dtype.value
-    peak = cfg.perf.peak_tflops or flops.datasheet_peak_tflops(backend.device_name, mode)
+    gemm = gemm_mode(cfg) if step == "fused" else ("tf32" if cfg.tf32 else cfg.dtype.value)
+    arithmetic = flops.peak_arithmetic(gemm, products)
+    peak = None
+    if cfg.perf.peak_tflops:
+        peak, arithmetic = cfg.perf.peak_tflops, f"perf.peak_tflops (the GEMMs: {arithmetic})"
+    elif backend.kind == "gpu":
+        peak = flops.peak_tflops(backend.device_name, gemm, products)
     if peak:
-        recorder.metric(metrics.UTILIZATION, tflops / (peak * nproc))
-        recorder.set_tags({"sweepscale.peak_tflops_per_device": str(peak)})
+        recorder.set_tags({metrics.TAG_PEAK_TFLOPS: str(peak), metrics.TAG_PEAK_ARITHMETIC: arithmetic})
+        utilization = tflops / (peak * nproc)
+        if utilization <= 1:
+            recorder.metric(metrics.UTILIZATION, utilization)
+        else:
+            recorder.set_tags(
+                {
+                    metrics.TAG_UTILIZATION_ERROR: (
+                        f"not logged: {tflops:.4g} TFLOP/s on {nproc} x {backend.device_name} would be "
+                        f"{utilization:.3g} of the peak, {peak:.4g} TFLOP/s per device ({arithmetic}); a run "
+                        "cannot beat its peak, so that peak is wrong for this arithmetic: fix perf.peak_tflops "
+                        "or trainer/flops.py PEAKS"
+                    )
+                }
+            )
     if nproc > 1 and not overlap and phase_ms.get("allreduce", 0) > 0:
         recorder.metric(metrics.ALLREDUCE_GBPS, ar_bytes / (phase_ms["allreduce"] / 1e3) / 1e9)

@@ -43,16 +43,22 @@ def _artifact_root(uri: str) -> str | None:
 
 
 def ensure_experiment(mlflow_client: Any, uri: str, name: str) -> str:
+    """The experiment's id, created if missing. It carries MLflow's experiment kind tag
+    (``mlflow.experimentKind``: custom model development), without which MLflow 3's UI opens the
+    experiment on its traces page instead of the runs table; an existing experiment without the
+    tag gets it (one that has a kind keeps it)."""
+    kind = {metrics.TAG_EXPERIMENT_KIND: metrics.EXPERIMENT_KIND}
     exp = mlflow_client.get_experiment_by_name(name)
-    if exp is not None:
-        return exp.experiment_id
-    try:
-        return mlflow_client.create_experiment(name, artifact_location=_artifact_root(uri))
-    except Exception:  # another process created it first
-        exp = mlflow_client.get_experiment_by_name(name)
-        if exp is None:
-            raise
-        return exp.experiment_id
+    if exp is None:
+        try:
+            return mlflow_client.create_experiment(name, artifact_location=_artifact_root(uri), tags=kind)
+        except Exception:  # another process created it first
+            exp = mlflow_client.get_experiment_by_name(name)
+            if exp is None:
+                raise
+    if metrics.TAG_EXPERIMENT_KIND not in exp.tags:
+        mlflow_client.set_experiment_tag(exp.experiment_id, metrics.TAG_EXPERIMENT_KIND, metrics.EXPERIMENT_KIND)
+    return exp.experiment_id
 
 
 class Recorder:
