@@ -11,10 +11,9 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from sweeper.config import register
+from sweeper.config import FLAGS, register
 
 register()
-FLAGS = {"--dry-run": "sweep.dry_run=true", "--force": "sweep.force=true"}
 
 
 @hydra.main(config_path="../conf", config_name="sweep", version_base="1.3")

@@ -71,6 +71,9 @@ class SweepConfig(TrainerConfig):
     sweep: SweepOptions = field(default_factory=SweepOptions)
 
 
+# Command-line shorthands for sweep options: python -m sweeper -m ... --dry-run
+FLAGS = {"--dry-run": "sweep.dry_run=true", "--force": "sweep.force=true"}
+
 LAUNCHERS = {"local": LocalLauncherConfig, "slurm": SlurmLauncherConfig, "debug": DebugLauncherConfig}
 
 

@@ -87,3 +87,10 @@ def summary(outcomes: list[Outcome]) -> None:
     for o in outcomes:
         if o.error or (o.status not in ("FINISHED", "SKIPPED") and o.log):
             console.print(f"[red]{o.name}[/red] {o.status}: {o.error.strip()}\n  log: {o.log}")
+
+
+def mlflow_ui_command(uri: str) -> str:
+    """How to open the tracking store in MLflow's UI (a server's URI is already one)."""
+    if uri.startswith(("http://", "https://")):
+        return uri
+    return f"mlflow ui --backend-store-uri {uri}  (then http://127.0.0.1:5000)"

@@ -6,6 +6,7 @@ import socket
 from pathlib import Path
 from typing import Any
 
+from sweeper.report.study import POINTS_ARTIFACT
 from trainer import metrics, tracking
 
 
@@ -33,16 +34,21 @@ class SweepRecord:
             r.data.tags[metrics.TAG_CONFIG_HASH]: r.info.run_id for r in runs if metrics.TAG_CONFIG_HASH in r.data.tags
         }
 
-    def start_parent(self, sweep_id: str, overrides: list[str], n_points: int, scheduler: str) -> str:
+    def start_parent(
+        self, sweep_id: str, name: str, overrides: list[str], points: list[dict], scheduler: str, extra: dict[str, str]
+    ) -> str:
+        """The sweep's run: tagged so reports find it, with its list of points (``points.json``)."""
         tags = {
             metrics.TAG_SWEEP_ID: sweep_id,
-            "sweepscale.scheduler": scheduler,
+            metrics.TAG_SCHEDULER: scheduler,
             "sweepscale.host": socket.gethostname(),
+            **extra,
         }
-        run = self.client.create_run(self.experiment_id, run_name=f"sweep {sweep_id}", tags=tags)
+        run = self.client.create_run(self.experiment_id, run_name=name, tags=tags)
         self.parent_id = run.info.run_id
         self.client.log_param(self.parent_id, "sweep.overrides", " ".join(overrides)[:6000] or "(none)")
-        self.client.log_param(self.parent_id, "sweep.points", n_points)
+        self.client.log_param(self.parent_id, "sweep.points", len(points))
+        self.client.log_dict(self.parent_id, points, POINTS_ARTIFACT)
         return self.parent_id
 
     def children(self, sweep_id: str) -> dict[str, Any]:

@@ -5,8 +5,11 @@ conf -> expand (Hydra) -> plan resources -> submit (submitit) -> collect (MLflow
 
 from __future__ import annotations
 
+import shlex
 import signal
+import sys
 import time
+import traceback
 import uuid
 from pathlib import Path
 from typing import Any
@@ -14,9 +17,10 @@ from typing import Any
 from omegaconf import DictConfig, open_dict
 
 from sweeper import display, jobs
+from sweeper.config import FLAGS
 from sweeper.plan import Point, plan
 from sweeper.records import SweepRecord, absolute_uri
-from trainer import data, metrics, tracking
+from trainer import data, metrics, provenance, tracking
 
 
 def check_data(points: list[Point]) -> None:
@@ -91,7 +95,10 @@ def run_sweep(base: DictConfig, points: list[Point], sweep_dir: Path, overrides:
         )
 
     sweep_id = uuid.uuid4().hex[:8]
-    parent_id = record.start_parent(sweep_id, overrides, len(points), launcher.name)
+    reused = {p.name: done_before[p.config_hash] for p in skipped}
+    planned = [{"name": p.name, "config_hash": p.config_hash, "reused_run": reused.get(p.name)} for p in points]
+    extra = {metrics.TAG_COMMAND: command_line(), metrics.TAG_SWEEP_DIR: str(sweep_dir), **provenance.code_tags()}
+    parent_id = record.start_parent(sweep_id, parent_name(points), overrides, planned, launcher.name, extra)
     display.console.print(
         f"sweep {sweep_id}: {len(todo)} point(s) to run, MLflow parent run {parent_id}, folder {sweep_dir}"
     )
@@ -145,7 +152,38 @@ def run_sweep(base: DictConfig, points: list[Point], sweep_dir: Path, overrides:
     display.summary(outcomes)
     ok = all(o.status in ("FINISHED", "SKIPPED") for o in outcomes)
     record.end_parent("KILLED" if interrupted else "FINISHED" if ok else "FAILED")
+    write_report(record, sweep_dir)
     return 130 if interrupted else 0 if ok else 1
+
+
+def write_report(record: SweepRecord, sweep_dir: Path) -> None:
+    """The study report of what finished (also after Ctrl-C); a failure here fails no point."""
+    from sweeper.report import report_for
+
+    folder = sweep_dir / "report"
+    try:
+        parent = record.client.get_run(record.parent_id)
+        report = report_for(record.client, [parent], folder)
+    except Exception:  # the points' runs are safe in the store: say what failed and how to retry
+        where = traceback.format_exc().strip().splitlines()[-3:]
+        display.console.print("[red]report not written:[/red] " + " | ".join(w.strip() for w in where))
+        display.console.print("  retry with: python -m sweeper.report latest")
+        return
+    display.console.print(f"report ({report.seconds:.1f} s): {folder / 'report.html'}")
+    display.console.print(f"MLflow: {display.mlflow_ui_command(record.uri)}")
+    display.console.print(f"  the sweep's run: #/experiments/{record.experiment_id}/runs/{record.parent_id}")
+
+
+def parent_name(points: list[Point]) -> str:
+    """``sweep hidden x nproc``: what the sweep varies, as its points' names say."""
+    keys = list(dict.fromkeys(part.split("=", 1)[0] for p in points for part in p.name.split(",") if "=" in part))
+    return "sweep " + " x ".join(keys) if len(points) > 1 and keys else f"sweep {points[0].name}"
+
+
+def command_line() -> str:
+    """The command as the user typed it (our --dry-run/--force shorthands given back)."""
+    flags = {v: k for k, v in FLAGS.items()}
+    return shlex.join(["python", "-m", "sweeper", *(flags.get(a, a) for a in sys.argv[1:])])
 
 
 def _interrupt(_signum: int, _frame: Any) -> None:

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.browser import chromium_path, playwright_available
 from trainer import data
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -29,11 +30,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     skip_gpu = pytest.mark.skip(reason="needs CuPy and a CUDA GPU: run `make test-gpu` on a GPU machine")
     skip_mpi = pytest.mark.skip(reason="needs mpiexec: install the project's `mpich` extra")
     has_gpu = gpu_available()
+    no_browser = None
+    if any("browser" in item.keywords for item in items):
+        if chromium_path() is None:
+            no_browser = "needs Debian's chromium: run `bash scripts/browser_up.sh` (as root)"
+        elif not playwright_available():
+            no_browser = "needs the playwright package: install the project's `dev` extra"
     for item in items:
         if "gpu" in item.keywords and not has_gpu:
             item.add_marker(skip_gpu)
         if "mpi" in item.keywords and MPIEXEC is None:
             item.add_marker(skip_mpi)
+        if "browser" in item.keywords and no_browser:
+            item.add_marker(pytest.mark.skip(reason=no_browser))
 
 
 @pytest.fixture(params=["numpy", pytest.param("cupy", marks=pytest.mark.gpu)])

@@ -1,0 +1,22 @@
+"""The study report: every sweep ends with the comparison it was run for.
+
+study.py reads a sweep from MLflow, analysis.py finds axes, scaling families, divergence and
+regimes, convergence.py / scaling.py / roofline.py draw, page.py writes the HTML, publish.py
+puts it all in the sweep folder and on the parent run. ``python -m sweeper.report`` rebuilds it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+
+def report_for(client: Any, parents: list[Any], folder: Path, attach: bool = True) -> Any:
+    """Build the report of these parent runs into ``folder``; attach it to the parent if one."""
+    from sweeper.report import publish, study
+
+    s = study.load(client, parents)
+    report = publish.build(s, folder)
+    if attach and len(parents) == 1:
+        publish.publish(client, parents[0].info.run_id, report, s.points)
+    return report

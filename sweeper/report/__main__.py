@@ -1,0 +1,75 @@
+"""``python -m sweeper.report SWEEP_ID|latest [...] [--out DIR]``: rebuild a sweep's report from MLflow.
+
+Reads only the tracking store (``--tracking-uri``, else MLFLOW_TRACKING_URI, else
+sqlite:///mlflow.db). Several ids make one study of all their points.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from trainer import metrics, tracking
+
+
+def find_parents(client: Any, experiment_id: str, ids: list[str]) -> list[Any]:
+    """Parent runs by sweep id (or parent run id); ``latest`` is the newest sweep."""
+    sweeps = client.search_runs(
+        [experiment_id],
+        filter_string=f"tags.`{metrics.TAG_SCHEDULER}` LIKE '%'",
+        order_by=["start_time DESC"],
+        max_results=50000,
+    )
+    sweeps = [r for r in sweeps if "mlflow.parentRunId" not in r.data.tags]
+    found = []
+    for wanted in ids:
+        if wanted == "latest":
+            match = sweeps[:1]
+        else:
+            match = [r for r in sweeps if wanted in (r.data.tags.get(metrics.TAG_SWEEP_ID), r.info.run_id)]
+        if not match:
+            known = ", ".join(r.data.tags.get(metrics.TAG_SWEEP_ID, "?") for r in sweeps[:8]) or "none"
+            raise SystemExit(f"Error: no sweep {wanted!r} in this experiment; recent sweep ids: {known}")
+        found.append(match[0])
+    return found
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m sweeper.report", description=__doc__.split("\n")[0])
+    parser.add_argument("sweeps", nargs="+", metavar="SWEEP_ID", help="sweep id(s), or 'latest'")
+    parser.add_argument("--out", type=Path, help="folder to write to (default: the sweep's folder/report)")
+    parser.add_argument(
+        "--tracking-uri", help="MLflow tracking URI (default: MLFLOW_TRACKING_URI or sqlite:///mlflow.db)"
+    )
+    parser.add_argument("--experiment", help="MLflow experiment (default: MLFLOW_EXPERIMENT_NAME or sweepscale)")
+    parser.add_argument("--no-attach", action="store_true", help="do not log the report to the parent run")
+    args = parser.parse_args(argv)
+
+    from sweeper.records import absolute_uri
+    from sweeper.report import report_for
+
+    uri = absolute_uri(tracking.tracking_uri(args.tracking_uri))
+    client = tracking.client(uri)
+    name = tracking.experiment_name(args.experiment)
+    experiment = client.get_experiment_by_name(name)
+    if experiment is None:
+        print(f"Error: no experiment {name!r} at {uri}; pass --experiment or --tracking-uri", file=sys.stderr)
+        return 2
+    parents = find_parents(client, experiment.experiment_id, args.sweeps)
+    folder = args.out or default_folder(parents)
+    report = report_for(client, parents, folder, attach=not args.no_attach)
+    print(f"report of {len(report.rows)} point(s) in {report.seconds:.1f} s: {folder / 'report.html'}")
+    return 0
+
+
+def default_folder(parents: list[Any]) -> Path:
+    sweep_dir = parents[0].data.tags.get(metrics.TAG_SWEEP_DIR)
+    if len(parents) == 1 and sweep_dir and Path(sweep_dir).is_dir():
+        return Path(sweep_dir) / "report"
+    return Path("reports") / "+".join(p.data.tags.get(metrics.TAG_SWEEP_ID, p.info.run_id[:8]) for p in parents)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,215 @@
+"""Convergence figures: loss curves, precision, final values against each axis, weight error.
+
+The course's figures (002, figures 3-10): loss against iterations by learning rate, precision
+against hidden size and epochs, and the CPU-vs-GPU weight error growing with the learning rate
+and the epochs (training is chaotic: rounding differences grow, 002 Q1.2).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from matplotlib.ticker import MaxNLocator
+
+from sweeper.report import analysis
+from sweeper.report.plotting import finite_max, fmt, grid, key_legend, palette, save, use_log
+from sweeper.report.study import Point
+from trainer import metrics
+
+STYLES = ("-", "--", ":", "-.")
+
+
+def convergence_axes(axis: list[str]) -> list[str]:
+    """The axes that can change convergence first: nproc changes only the summation order."""
+    return [k for k in axis if k != "nproc"] + [k for k in axis if k == "nproc"]
+
+
+def _keys(axis: list[str]) -> tuple[str | None, str | None]:
+    """Colour by the first axis, panels by the second."""
+    axis = convergence_axes(axis)
+    return (axis[0] if axis else None), (axis[1] if len(axis) > 1 else None)
+
+
+def _style_key(axis: list[str]) -> str | None:
+    """Line style by a third axis (e.g. nproc, whose curves lie on each other)."""
+    axis = convergence_axes(axis)
+    return axis[2] if len(axis) > 2 else None
+
+
+def _log_if_wide(a: Any, values: list[float]) -> None:
+    ok = [v for v in values if v is not None and 0 < v < float("inf")]
+    if ok and max(ok) / min(ok) > 5:
+        a.set_yscale("log")
+
+
+def _label(p: Point, key: str | None) -> str:
+    return f"{key}={fmt(p.get(key))}" if key else p.name
+
+
+def _wall_time(p: Point) -> list[tuple[float, float]]:
+    """(seconds since training started, loss): each epoch's batches spread evenly over its time."""
+    per_epoch: dict[int, list[tuple[int, float]]] = {}
+    n_batches = max(1, len(p.loss) // max(1, len(p.epoch_s)))
+    for i, (step, value) in enumerate(p.loss):
+        per_epoch.setdefault(i // n_batches + 1, []).append((step, value))
+    out, t0 = [], 0.0
+    for epoch, seconds in p.epoch_s:
+        rows = per_epoch.get(epoch, [])
+        out += [(t0 + seconds * (j + 1) / len(rows), v) for j, (_s, v) in enumerate(rows)]
+        t0 += seconds
+    return out
+
+
+def loss_curves(points: list[Point], axis: list[str], out: Path) -> Path:
+    """Loss against step, samples seen and wall time; one line per point, every point."""
+    colour_key, panel_key = _keys(axis)
+    style_key = _style_key(axis)
+    styles = {fmt(v): STYLES[i % len(STYLES)] for i, v in enumerate(dict.fromkeys(p.get(style_key) for p in points))}
+    panels = list(dict.fromkeys(fmt(p.get(panel_key)) for p in points)) if panel_key else [""]
+    colours = palette([p.get(colour_key) if colour_key else p.name for p in points])
+    fig, ax = grid(len(panels), 3)
+    healthy = [v for p in points if not analysis.divergence(p.loss) for _s, v in p.loss[:1]]
+    top = 1.15 * finite_max(healthy) if healthy else None
+    for p in points:
+        row = panels.index(fmt(p.get(panel_key))) if panel_key else 0
+        colour = colours[fmt(p.get(colour_key)) if colour_key else p.name]
+        bad = analysis.divergence(p.loss)
+        label = _label(p, colour_key) + (f", {_label(p, style_key)}" if style_key else "")
+        label += f" (diverged at step {bad.step}: {bad.why})" if bad else ""
+        style = ":" if bad else styles[fmt(p.get(style_key))]
+        batch = p.get("batch_size", 1)
+        series = [
+            [(s, v) for s, v in p.loss],
+            [((s + 1) * batch, v) for s, v in p.loss],
+            _wall_time(p),
+        ]
+        for col, xy in enumerate(series):
+            if not xy:
+                continue
+            xs, ys = zip(*xy)
+            a = ax[row][col]
+            a.plot(xs, ys, color=colour, lw=1.2, ls=style, label=label if col == 0 else None)
+            if bad:
+                at = [(x, min(y, top) if top else y) for (s, _v), (x, y) in zip(p.loss, xy) if s == bad.step]
+                if at:
+                    a.plot(*at[0], marker="x", color=colour, ms=8, mew=2)
+    for row, panel in enumerate(panels):
+        for col, xlabel in enumerate(("step (iteration)", "samples seen", "wall time (s)")):
+            a = ax[row][col]
+            a.set_xlabel(xlabel)
+            a.set_ylabel("training loss")
+            _log_if_wide(a, [v for p in points for _s, v in p.loss if not analysis.divergence(p.loss)])
+            if top:
+                a.set_ylim(top=top)
+            if panel_key:
+                a.set_title(f"{panel_key}={panel}")
+    if colour_key:
+        key_legend(fig, ax, ax[0][0], colour_key, [p.get(colour_key) for p in points], loc="upper right")
+    else:
+        ax[0][0].legend(loc="upper right")
+    fig.suptitle("Convergence: training loss of every point")
+    return save(fig, out)
+
+
+def precision_and_finals(points: list[Point], axis: list[str], out: Path) -> Path:
+    """Precision against epoch; final precision and loss against each axis, the best marked."""
+    colour_key, _ = _keys(axis)
+    colours = palette([p.get(colour_key) if colour_key else p.name for p in points])
+    shown = [k for k in axis if k != "nproc"] or list(axis) or [None]
+    fig, ax = grid(1 + len(shown), 2)
+    for col, (series, ylabel) in enumerate(
+        ((lambda p: p.precision, "test precision"), (lambda p: p.loss_epoch, "training loss (epoch mean)"))
+    ):
+        a = ax[0][col]
+        for p in points:
+            if series(p):
+                xs, ys = zip(*series(p))
+                colour = colours[fmt(p.get(colour_key)) if colour_key else p.name]
+                a.plot(xs, ys, marker=".", color=colour, label=_label(p, colour_key))
+        a.set(xlabel="epoch", ylabel=ylabel, title=f"{ylabel} by epoch")
+        a.xaxis.set_major_locator(MaxNLocator(integer=True))
+        if col == 1:
+            _log_if_wide(a, [v for p in points for _e, v in p.loss_epoch])
+    if colour_key:
+        key_legend(fig, ax, ax[0][0], colour_key, [p.get(colour_key) for p in points], loc="lower right")
+    finals = {
+        "final test precision": [_last(p.precision) for p in points],
+        "final training loss": [_last(p.loss_epoch) for p in points],
+    }
+    for k, key in enumerate(shown):
+        for j, (what, values) in enumerate(finals.items()):
+            _against(ax[1 + k][j], points, key, values, what, higher=j == 0)
+    fig.suptitle("Precision, and where each axis is best")
+    return save(fig, out)
+
+
+def _last(series: list[tuple[int, float]]) -> float | None:
+    return series[-1][1] if series else None
+
+
+def _against(a: Any, points: list[Point], key: str | None, values: list, what: str, higher: bool) -> None:
+    """Final value against one axis, one line per combination of the other axes; best starred."""
+    if key is None:
+        a.bar([p.name for p in points], [v or 0 for v in values])
+        a.set_title(what)
+        return
+    lines: dict[str, list[tuple[Any, float]]] = {}
+    for p, v in zip(points, values):
+        if v is not None and not analysis.divergence(p.loss):
+            others = ", ".join(
+                f"{k}={fmt(x)}" for k, x in sorted(p.config.items()) if k not in (key, "nproc") and _varies(points, k)
+            )
+            lines.setdefault(others, []).append((p.get(key), v))
+    for others, xy in lines.items():
+        xy.sort(key=lambda t: t[0])
+        xs, ys = zip(*xy)
+        a.plot(xs, ys, marker="o", ms=4, label=others or None)
+    i = analysis.best(values, higher)
+    if i is not None and not analysis.divergence(points[i].loss):
+        a.plot(
+            points[i].get(key),
+            values[i],
+            marker="*",
+            ms=16,
+            color="gold",
+            mec="black",
+            zorder=5,
+            label=f"best: {points[i].name}",
+        )
+    if use_log(key, [p.get(key) for p in points]):
+        a.set_xscale("log")
+    if what.endswith("loss"):
+        _log_if_wide(a, [v for v in values if v is not None])
+    a.set(xlabel=key, ylabel=what, title=f"{what} against {key}")
+    a.legend(loc="best", fontsize=7)
+
+
+def _varies(points: list[Point], key: str) -> bool:
+    return len({repr(p.get(key)) for p in points}) > 1
+
+
+def weight_error(points: list[Point], axis: list[str], out: Path) -> Path | None:
+    """CPU-vs-GPU (or ranks-vs-sequential) weight error against lr and epochs, on a log axis."""
+    key = metrics.weight_error("max")
+    checked = [p for p in points if key in p.metrics]
+    if not checked:
+        return None
+    against = [k for k in ("lr", "epochs") if k in axis] or axis[:1] or ["hidden"]
+    fig, ax = grid(1, len(against))
+    for a, k in zip(ax[0], against):
+        others = [x for x in axis if x != k]
+        colours = palette([p.get(others[0]) if others else "" for p in checked])
+        for p in sorted(checked, key=lambda p: (repr(p.get(others[0])) if others else "", p.get(k))):
+            c = colours[fmt(p.get(others[0])) if others else ""]
+            a.plot(p.get(k), max(p.metrics[key], 1e-18), "o", color=c)
+        for v in dict.fromkeys(fmt(p.get(others[0])) for p in checked) if others else []:
+            a.plot([], [], "o", color=colours[v], label=f"{others[0]}={v}")
+        a.set_yscale("log")
+        if use_log(k, [p.get(k) for p in checked]):
+            a.set_xscale("log")
+        a.set(xlabel=k, ylabel="max relative weight error", title=f"Weight error vs the CPU reference, by {k}")
+        if others:
+            a.legend(loc="best")
+    fig.suptitle("Rounding grows with the learning rate and the epochs: training is chaotic (course 002, Q1.2)")
+    return save(fig, out)

@@ -1,0 +1,88 @@
+"""What every figure of the report shares: the Agg backend, colours by value, saving."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only: no display, the same pixels on every machine
+import matplotlib.pyplot as plt
+from matplotlib.figure import Figure
+
+plt.rcParams.update({"figure.dpi": 100, "axes.grid": True, "grid.alpha": 0.3, "font.size": 9, "legend.fontsize": 8})
+# Axes whose values span decades read better on a log scale.
+LOG_AXES = ("lr", "reg", "batch_size", "hidden")
+
+
+def fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
+def palette(values: Sequence[Any]) -> dict[str, Any]:
+    """A distinct colour per value (by its text): ordered values along viridis, others tab10/tab20."""
+    keys = list(dict.fromkeys(fmt(v) for v in values))
+    numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
+    if numeric and len(keys) > 1:
+        ordered = sorted(dict.fromkeys(values))
+        cmap = plt.get_cmap("viridis")
+        return {fmt(v): cmap(0.9 * i / (len(ordered) - 1)) for i, v in enumerate(ordered)}
+    cmap = plt.get_cmap("tab10" if len(keys) <= 10 else "tab20")
+    return {k: cmap(i % cmap.N) for i, k in enumerate(keys)}
+
+
+def grid(rows: int, cols: int, width: float = 4.2, height: float = 3.2) -> tuple[Figure, Any]:
+    fig, ax = plt.subplots(rows, cols, figsize=(width * cols, height * rows), squeeze=False, layout="constrained")
+    return fig, ax
+
+
+def use_log(key: str, values: Sequence[Any]) -> bool:
+    nums = [v for v in values if isinstance(v, (int, float)) and v > 0]
+    return key in LOG_AXES and len(nums) > 1 and max(nums) / min(nums) >= 8
+
+
+def save(fig: Figure, path: Path) -> Path:
+    fig.savefig(path, format="png")
+    plt.close(fig)
+    return path
+
+
+def log_ticks(ax: Any, values: Sequence[float]) -> None:
+    """Label a log axis at the points' own values (e.g. nproc 1, 2, 4), not at decades only."""
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sorted(set(values)))
+    ax.set_xticklabels([fmt(v) for v in sorted(set(values))])
+    ax.minorticks_off()
+
+
+def finite_max(values: Sequence[float]) -> float:
+    ok = [v for v in values if math.isfinite(v)]
+    return max(ok) if ok else 1.0
+
+
+def is_numeric(values: Sequence[Any]) -> bool:
+    return all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
+
+
+def key_legend(fig: Figure, axes: Any, a: Any, key: str | None, values: Sequence[Any], loc: str = "best") -> None:
+    """Name the colours: a legend for up to 10 values, a colour bar of the values beyond (every line
+    stays drawn, and a bar does not hide them)."""
+    distinct = sorted(set(values)) if is_numeric(values) else list(dict.fromkeys(values))
+    if key is None or len(distinct) <= 10 or not is_numeric(values):
+        a.legend(title=key, loc=loc, fontsize=7 if len(distinct) > 6 else 8)
+        return
+    from matplotlib.cm import ScalarMappable
+    from matplotlib.colors import BoundaryNorm, ListedColormap
+
+    colours = palette(distinct)
+    cmap = ListedColormap([colours[fmt(v)] for v in distinct])
+    norm = BoundaryNorm(range(len(distinct) + 1), cmap.N)
+    bar = fig.colorbar(ScalarMappable(norm=norm, cmap=cmap), ax=axes, fraction=0.02, pad=0.01)
+    step = max(1, len(distinct) // 12)
+    bar.set_ticks([i + 0.5 for i in range(0, len(distinct), step)], labels=[fmt(v) for v in distinct[::step]])
+    bar.set_label(key)

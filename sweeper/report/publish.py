@@ -1,0 +1,214 @@
+"""Build a study's report and publish it: the folder, the parent run's artifacts, its description.
+
+study (MLflow) -> analysis -> figures, CSV, HTML, Markdown summary -> the sweep folder and the
+parent run (artifacts under ``report/``, the summary as ``mlflow.note.content``, summary metrics).
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sweeper.report import analysis, convergence, page, scaling
+from sweeper.report.roofline import roofline_figure
+from sweeper.report.study import Point, Study
+from trainer import metrics
+
+ARTIFACT_DIR = "report"
+
+
+@dataclass
+class Report:
+    folder: Path
+    figures: dict[str, Path] = field(default_factory=dict)  # caption -> PNG
+    rows: list[dict[str, Any]] = field(default_factory=list)  # the CSV's rows
+    summary: str = ""  # Markdown
+    best: Point | None = None
+    seconds: float = 0.0
+
+
+def sweep_order(study: Study) -> list[str]:
+    """The axes in the order the sweep's command gave them."""
+    keys = []
+    for s in study.sweeps:
+        keys += [o.split("=", 1)[0].lstrip("+~") for o in s.overrides.split() if "=" in o]
+    return keys
+
+
+def build(study: Study, folder: Path) -> Report:
+    t0 = time.perf_counter()
+    folder.mkdir(parents=True, exist_ok=True)
+    report = Report(folder)
+    order = sweep_order(study)
+    every_axis = analysis.axes([p.config for p in study.points], order)
+    points = sorted(study.points, key=lambda p: [_sort_key(p.get(k)) for k in every_axis])
+    finished = [p for p in points if p.status == "FINISHED"]
+    configs = [p.config for p in finished]
+    axis = analysis.axes(configs, order)  # what varies among the points that can be drawn
+    fig = report.figures
+    if finished:
+        fig["Training loss of every point"] = convergence.loss_curves(finished, axis, folder / "convergence.png")
+        fig["Precision and final values"] = convergence.precision_and_finals(finished, axis, folder / "finals.png")
+        err = convergence.weight_error(finished, axis, folder / "weight_error.png")
+        if err:
+            fig["Weight error against the CPU reference"] = err
+    fams = [(f, analysis.family_rows(finished, f)) for f in analysis.families(configs, order)]
+    for kind in ("strong", "weak"):
+        mine = [(f, rows) for f, rows in fams if f.kind == kind]
+        if mine:
+            fig[f"{kind.capitalize()} scaling"] = scaling.scaling_figure(kind, mine, folder / f"scaling_{kind}.png")
+    if fams:
+        fig["Phases per nproc"] = scaling.phases_figure(fams, folder / "phases.png")
+    regimes: dict[str, list] = {}
+    studies = analysis.batch_studies(configs, order)
+    if studies:
+        fig["Batch size: regimes of data parallelism"], regimes = scaling.regimes_figure(
+            finished, studies, folder / "regimes.png"
+        )
+    roof = roofline_figure(finished, folder / "roofline.png")
+    if roof:
+        fig["Roofline"] = roof[0]
+    report.rows = csv_rows(points, every_axis, fams, finished)
+    write_csv(report.rows, folder / "points.csv")
+    i = analysis.best([p.metrics.get(metrics.TEST_PRECISION) for p in finished])
+    report.best = finished[i] if i is not None else None
+    table = scaling.family_table(fams)
+    report.summary = summary_markdown(study, points, report.best, fams, regimes)
+    (folder / "summary.md").write_text(report.summary)
+    page.write(folder / "report.html", study, report, every_axis, table, regimes)
+    report.seconds = time.perf_counter() - t0
+    return report
+
+
+def _sort_key(value: Any) -> tuple:
+    numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
+    return (0, value, "") if numeric else (1, 0, str(value))
+
+
+def csv_rows(points: list[Point], axis: list[str], fams: list, finished: list[Point]) -> list[dict[str, Any]]:
+    """One row per point: its axes, status, final values, timings and scaling figures."""
+    scaled: dict[str, dict[str, str]] = {}
+    for fam, rows in fams:
+        for i, r in zip(fam.members, rows):
+            scaled.setdefault(finished[i].run_id, {}).update(
+                {
+                    f"{fam.kind}_family": fam.label,
+                    f"{fam.kind}_speedup": f"{r.speedup:.4g}",
+                    f"{fam.kind}_efficiency": f"{r.efficiency:.4g}",
+                }
+            )
+    out = []
+    for p in points:
+        m = p.metrics
+        bad = analysis.divergence(p.loss)
+        row: dict[str, Any] = {"point": p.name, **{k: p.get(k) for k in axis}, "status": p.status}
+        row.update(
+            {
+                "diverged": f"step {bad.step}: {bad.why}" if bad else "",
+                "final_loss": p.loss_epoch[-1][1] if p.loss_epoch else "",
+                "final_precision": p.precision[-1][1] if p.precision else "",
+                "weight_error_max": m.get(metrics.weight_error("max"), ""),
+                "batch_ms": m.get(metrics.phase_time("batch"), ""),
+                "batch_ms_q1": m.get(metrics.phase_quantile("batch", "q1"), ""),
+                "batch_ms_q3": m.get(metrics.phase_quantile("batch", "q3"), ""),
+                **{f"{ph}_ms": m.get(metrics.phase_time(ph), "") for ph in metrics.PHASES if ph != "batch"},
+                "batch_ms_repeats": ";".join(f"{v:.4g}" for v in p.batch_ms_repeats),
+                "samples_per_s": m.get(metrics.SAMPLES_PER_S, ""),
+                "tflops": m.get(metrics.TFLOPS, ""),
+                "utilization": m.get(metrics.UTILIZATION, ""),
+                "arithmetic_intensity": m.get(metrics.ARITHMETIC_INTENSITY, ""),
+                "training_s": sum(v for _e, v in p.epoch_s) if p.epoch_s else "",
+            }
+        )
+        for kind in ("strong", "weak"):
+            for col in ("family", "speedup", "efficiency"):
+                row[f"{kind}_{col}"] = scaled.get(p.run_id, {}).get(f"{kind}_{col}", "")
+        row.update({"run_id": p.run_id, "sweep_id": p.sweep_id, "reused": "yes" if p.reused else ""})
+        out.append(row)
+    return out
+
+
+def write_csv(rows: list[dict[str, Any]], path: Path) -> None:
+    columns = list(dict.fromkeys(k for r in rows for k in r)) or ["point"]
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, columns)
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def _num(value: Any, spec: str) -> str:
+    return format(value, spec) if isinstance(value, (int, float)) and math.isfinite(value) else "-"
+
+
+def summary_markdown(
+    study: Study, points: list[Point], best: Point | None, fams: list, regimes: dict[str, list]
+) -> str:
+    """The parent run's description in the MLflow UI: what ran, the best point, the tables."""
+    s = study.sweeps[0]
+    done = sum(p.status == "FINISHED" for p in points)
+    lines = [
+        f"**{s.name or 'sweep'}**: {len(points)} point(s), {done} finished"
+        + (f", {len(study.missing)} without a run" if study.missing else ""),
+        "",
+    ]
+    if s.command:
+        lines += [f"`{s.command}`", ""]
+    if best is not None:
+        lines += [
+            f"Best test precision **{best.metrics[metrics.TEST_PRECISION]:.4f}** at `{best.name}` "
+            f"(run `{best.run_id}`).",
+            "",
+        ]
+    wall, train = wall_and_training(study, points)
+    if wall:
+        lines += [f"Sweep wall time {wall:.1f} s for {train:.2f} s of training (the rest is start-up and waiting).", ""]
+    lines += ["| point | status | final loss | precision | ms/batch | max weight err |", "|---|---|---|---|---|---|"]
+    for p in points:
+        m, bad = p.metrics, analysis.divergence(p.loss)
+        status = p.status + (" (reused)" if p.reused else "") + (f", diverged at step {bad.step}" if bad else "")
+        lines.append(
+            f"| {p.name} | {status} | {_num(p.loss_epoch[-1][1] if p.loss_epoch else None, '.4f')} "
+            f"| {_num(m.get(metrics.TEST_PRECISION), '.4f')} | {_num(m.get(metrics.phase_time('batch')), '.3f')} "
+            f"| {_num(m.get(metrics.weight_error('max')), '.2e')} |"
+        )
+    for name, why in study.missing:
+        lines.append(f"| {name} | {why} | - | - | - | - |")
+    for fam, rows in fams:
+        text = ", ".join(f"{r.nproc}: {r.speedup:.2f}x ({r.efficiency:.0%})" for r in rows)
+        lines += ["", f"{fam.kind.capitalize()} scaling, {fam.label}: speedup (efficiency) by nproc {text}"]
+    for label, segs in regimes.items():
+        text = "; ".join(f"B {g.lo}->{g.hi}: {g.name} (slope {g.slope:.2f})" for g in segs)
+        lines += ["", f"Batch-size regimes, {label}: {text}"]
+    lines += ["", f"Figures, CSV and the HTML report: artifacts `{ARTIFACT_DIR}/` of this run."]
+    return "\n".join(lines)
+
+
+def wall_and_training(study: Study, points: list[Point]) -> tuple[float, float]:
+    """The sweeps' wall time and the sum of their points' training time (reused points excluded)."""
+    now = time.time() * 1000
+    wall = sum(((s.end_ms or now) - s.start_ms) / 1e3 for s in study.sweeps)
+    train = sum(v for p in points if not p.reused for _e, v in p.epoch_s)
+    return wall, train
+
+
+def publish(client: Any, parent_id: str, report: Report, points: list[Point]) -> None:
+    """Attach the report to the parent run: artifacts, description, summary metrics."""
+    from mlflow.entities import Metric, RunTag
+
+    client.log_artifacts(parent_id, str(report.folder), ARTIFACT_DIR)
+    tags = [RunTag("mlflow.note.content", report.summary[:40000])]
+    values: dict[str, float] = {
+        "study/points": len(points),
+        "study/finished": sum(p.status == "FINISHED" for p in points),
+        "study/failed": sum(p.status in ("FAILED", "KILLED") for p in points),
+        "study/report_s": report.seconds,
+    }
+    if report.best is not None:
+        values["study/best_precision"] = report.best.metrics[metrics.TEST_PRECISION]
+        tags += [RunTag("study.best_point", report.best.name), RunTag("study.best_run_id", report.best.run_id)]
+    now = int(time.time() * 1000)
+    client.log_batch(parent_id, metrics=[Metric(k, float(v), now, 0) for k, v in values.items()], tags=tags)

@@ -1,0 +1,178 @@
+"""A sweep's study as plain data, read from the tracking store alone.
+
+A sweep's parent run lists its points in the artifact ``points.json`` (name, config hash, and for
+points a resumed sweep skipped, the FINISHED run it reused); its children carry the sweep id.
+Nothing here draws or writes: :mod:`sweeper.report.analysis` computes, the figures draw.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from trainer import metrics
+
+POINTS_ARTIFACT = "points.json"
+# Config keys that say where a run is recorded or how it is started, not what it computes.
+BOOKKEEPING = ("mlflow.", "mpi.", "check.cache_dir", "fault.", "profile")
+
+
+@dataclass
+class Point:
+    """One point of the study: its run, its config and what it recorded."""
+
+    name: str
+    run_id: str
+    sweep_id: str
+    status: str
+    config: dict[str, Any]  # the run's flattened config, typed back from MLflow's strings
+    metrics: dict[str, float]
+    tags: dict[str, str]
+    # (step, value) series: train/loss by iteration; the others by epoch.
+    loss: list[tuple[int, float]] = field(default_factory=list)
+    loss_epoch: list[tuple[int, float]] = field(default_factory=list)
+    precision: list[tuple[int, float]] = field(default_factory=list)
+    epoch_s: list[tuple[int, float]] = field(default_factory=list)
+    batch_ms_repeats: list[float] = field(default_factory=list)
+    reused: bool = False  # a FINISHED run of an earlier sweep that this sweep skipped
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.config.get(key, default)
+
+    @property
+    def nproc(self) -> int:
+        return int(self.config.get("nproc", 1))
+
+
+@dataclass
+class Sweep:
+    """A parent run: what was asked, where and when."""
+
+    sweep_id: str
+    run_id: str
+    name: str
+    status: str
+    command: str
+    overrides: str
+    host: str
+    commit: str
+    version: str
+    start_ms: int
+    end_ms: int | None
+    folder: str
+
+
+@dataclass
+class Study:
+    sweeps: list[Sweep]
+    points: list[Point]
+    missing: list[tuple[str, str]] = field(default_factory=list)  # (point, why) without a run
+
+    @property
+    def label(self) -> str:
+        return "+".join(s.sweep_id for s in self.sweeps)
+
+
+def typed(text: str) -> Any:
+    """MLflow keeps params as strings: give back the int, float, bool or None they were."""
+    if text in ("None", "null"):
+        return None
+    if text in ("True", "False", "true", "false"):
+        return text.lower() == "true"
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def _series(client: Any, run_id: str, key: str) -> list[tuple[int, float]]:
+    return sorted((m.step, m.value) for m in client.get_metric_history(run_id, key))
+
+
+def load_point(client: Any, run: Any, name: str, reused: bool = False) -> Point:
+    rid = run.info.run_id
+    config = {k: typed(v) for k, v in run.data.params.items() if not k.startswith(BOOKKEEPING)}
+    repeats = [v for _s, v in _series(client, rid, metrics.BATCH_MS_REPEAT)]
+    return Point(
+        name=name,
+        run_id=rid,
+        sweep_id=run.data.tags.get(metrics.TAG_SWEEP_ID, ""),
+        status=run.info.status,
+        config=config,
+        metrics=dict(run.data.metrics),
+        tags=dict(run.data.tags),
+        loss=_series(client, rid, metrics.TRAIN_LOSS),
+        loss_epoch=_series(client, rid, metrics.TRAIN_LOSS_EPOCH),
+        precision=_series(client, rid, metrics.TEST_PRECISION),
+        epoch_s=_series(client, rid, metrics.EPOCH_TIME),
+        batch_ms_repeats=repeats,
+        reused=reused,
+    )
+
+
+def load_sweep(run: Any) -> Sweep:
+    tags, params = run.data.tags, run.data.params
+    return Sweep(
+        sweep_id=tags.get(metrics.TAG_SWEEP_ID, run.info.run_id[:8]),
+        run_id=run.info.run_id,
+        name=run.info.run_name or "",
+        status=run.info.status,
+        command=tags.get(metrics.TAG_COMMAND, ""),
+        overrides=params.get("sweep.overrides", ""),
+        host=tags.get("sweepscale.host", ""),
+        commit=tags.get(metrics.TAG_GIT_COMMIT, ""),
+        version=tags.get(metrics.TAG_VERSION, ""),
+        start_ms=run.info.start_time,
+        end_ms=run.info.end_time,
+        folder=tags.get(metrics.TAG_SWEEP_DIR, ""),
+    )
+
+
+def planned_points(client: Any, parent_id: str) -> list[dict[str, Any]] | None:
+    """The parent's list of points, or None for a sweep recorded before it was kept."""
+    try:
+        path = client.download_artifacts(parent_id, POINTS_ARTIFACT)
+    except Exception:  # MLflow raises its own errors for a missing artifact
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
+def load(client: Any, parents: list[Any]) -> Study:
+    """The study of one or more sweeps: every planned point's run, reused ones included."""
+    sweeps = [load_sweep(p) for p in parents]
+    by_name: dict[str, Point] = {}
+    missing: list[tuple[str, str]] = []
+    for sweep, parent in zip(sweeps, parents):
+        children = client.search_runs(
+            [parent.info.experiment_id],
+            filter_string=f"tags.`{metrics.TAG_SWEEP_ID}` = '{sweep.sweep_id}'",
+            max_results=50000,
+        )
+        own = {r.info.run_name: r for r in children if r.info.run_id != parent.info.run_id}
+        planned = planned_points(client, parent.info.run_id)
+        if planned is None:  # no list: every child is a point
+            planned = [{"name": n} for n in sorted(own)]
+        for entry in planned:
+            name = entry["name"]
+            if name in own:
+                point = load_point(client, own[name], name)
+            elif entry.get("reused_run"):
+                point = load_point(client, client.get_run(entry["reused_run"]), name, reused=True)
+            else:
+                missing.append((name, entry.get("why", "no run recorded")))
+                continue
+            earlier = by_name.get(name)
+            # Several sweeps of one study: a FINISHED run wins over a failed one, a later over an earlier.
+            if earlier is None or point.status == "FINISHED" or earlier.status != "FINISHED":
+                by_name[name] = point
+    missing = [(n, why) for n, why in missing if n not in by_name]
+    return Study(sweeps, list(by_name.values()), missing)
+
+
+def finite(value: float | None) -> bool:
+    return value is not None and math.isfinite(value)

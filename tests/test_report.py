@@ -1,0 +1,136 @@
+"""The study report on real sweeps: real ranks, a real MLflow store, real matplotlib, a real browser."""
+
+from __future__ import annotations
+
+import csv
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.browser import is_blank, render
+from tests.test_sweeper import children_of, parents, sweep
+from trainer import metrics
+
+pytestmark = pytest.mark.mpi
+TINY = ["epochs=2", "data.n_train=200", "data.n_test=50", "hidden=16"]
+
+
+def read_csv(path: Path) -> dict[str, dict[str, str]]:
+    with open(path) as f:
+        return {row["point"]: row for row in csv.DictReader(f)}
+
+
+def report_cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "sweeper.report", *args]
+    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=240)
+
+
+@pytest.fixture(scope="module")
+def study_sweep(tmp_path_factory: pytest.TempPathFactory):
+    """One real sweep with a strong family, a weak one and a learning-rate axis (8 points)."""
+    tmp = tmp_path_factory.mktemp("study")
+    mp = pytest.MonkeyPatch()
+    uri = f"sqlite:///{tmp / 'mlflow.db'}"
+    mp.setenv("MLFLOW_TRACKING_URI", uri)
+    mp.setenv("SWEEPSCALE_CACHE", str(tmp / "cache"))
+    result = sweep(["nproc=1,2", "batch_size=40,80", "lr=0.1,0.5", *TINY], tmp)
+    yield tmp, uri, result
+    mp.undo()
+
+
+def test_sweep_ends_with_a_report_of_every_point(study_sweep):
+    _tmp, uri, result = study_sweep
+    assert result.returncode == 0, result.stdout + result.stderr
+    (parent,) = parents(uri)
+    kids = children_of(uri, parent.info.run_id)
+    assert len(kids) == 8
+    folder = Path(parent.data.tags[metrics.TAG_SWEEP_DIR]) / "report"
+    assert "report (" in result.stdout and str(folder / "report.html") in result.stdout
+    assert "mlflow ui --backend-store-uri sqlite:///" in result.stdout
+
+    rows = read_csv(folder / "points.csv")
+    assert set(rows) == set(kids)
+    assert {r["status"] for r in rows.values()} == {"FINISHED"}
+    for name, row in rows.items():
+        assert row["run_id"] == kids[name].info.run_id
+        assert float(row["batch_ms"]) == pytest.approx(kids[name].data.metrics[metrics.phase_time("batch")])
+
+    # Strong: the global batch fixed, nproc 1 -> 2; speedup is the runs' own T1 / T2.
+    for lr in ("0.1", "0.5"):
+        for b in ("40", "80"):
+            one, two = rows[f"nproc=1,batch_size={b},lr={lr}"], rows[f"nproc=2,batch_size={b},lr={lr}"]
+            speedup = float(one["batch_ms"]) / float(two["batch_ms"])
+            assert float(two["strong_speedup"]) == pytest.approx(speedup, rel=1e-3)
+            assert float(two["strong_efficiency"]) == pytest.approx(speedup / 2, rel=1e-3)
+            assert float(one["strong_speedup"]) == 1.0
+        # Weak: 40 rows per rank, (B=40, 1 rank) -> (B=80, 2 ranks): scaled speedup 2 T1/T2.
+        one, two = rows[f"nproc=1,batch_size=40,lr={lr}"], rows[f"nproc=2,batch_size=80,lr={lr}"]
+        ratio = float(one["batch_ms"]) / float(two["batch_ms"])
+        assert float(two["weak_speedup"]) == pytest.approx(2 * ratio, rel=1e-3)
+        assert float(two["weak_efficiency"]) == pytest.approx(ratio, rel=1e-3)
+
+    for png in ("convergence", "finals", "weight_error", "scaling_strong", "scaling_weak", "phases", "roofline"):
+        assert (folder / f"{png}.png").stat().st_size > 10_000, png
+
+
+def test_report_is_attached_to_the_parent_run(study_sweep):
+    from mlflow.tracking import MlflowClient
+
+    _tmp, uri, _result = study_sweep
+    (parent,) = parents(uri)
+    client = MlflowClient(uri)
+    attached = {Path(a.path).name for a in client.list_artifacts(parent.info.run_id, "report")}
+    assert {"report.html", "points.csv", "summary.md", "convergence.png", "roofline.png"} <= attached
+    assert parent.info.run_name == "sweep nproc x batch_size x lr"
+    note = parent.data.tags["mlflow.note.content"]
+    assert "| point | status |" in note
+    for name in children_of(uri, parent.info.run_id):
+        assert f"| {name} | FINISHED" in note
+    best = parent.data.tags["study.best_point"]
+    assert (
+        parent.data.metrics["study/best_precision"]
+        == children_of(uri, parent.info.run_id)[best].data.metrics[metrics.TEST_PRECISION]
+    )
+    assert parent.data.metrics["study/finished"] == 8
+    assert parent.data.tags[metrics.TAG_COMMAND].startswith("python -m sweeper -m nproc=1,2")
+    assert not [k for k in parent.data.params if k.startswith("mlflow.")]
+
+
+@pytest.mark.browser
+def test_html_report_renders_in_a_real_browser(study_sweep, tmp_path):
+    _tmp, uri, _result = study_sweep
+    (parent,) = parents(uri)
+    html = Path(parent.data.tags[metrics.TAG_SWEEP_DIR]) / "report" / "report.html"
+    seen = render(html, tmp_path / "report.png")
+    assert seen["images"] >= 7 and seen["loaded"] == seen["images"], seen["broken"]
+    assert seen["external"] == []  # self-contained
+    assert not is_blank(tmp_path / "report.png")
+
+
+def test_rebuild_after_a_resumed_sweep_gives_the_same_report(tmp_path, mlflow_uri):
+    first = sweep(["lr=0.1,0.5", "batch_size=50", *TINY], tmp_path)
+    assert first.returncode == 0, first.stdout + first.stderr
+    resumed = sweep(["lr=0.1,0.5,1.0", "batch_size=50", *TINY], tmp_path)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert resumed.stdout.count("skip lr=") == 2
+    newest = max(parents(mlflow_uri), key=lambda r: r.info.start_time)
+    at_end = read_csv(Path(newest.data.tags[metrics.TAG_SWEEP_DIR]) / "report" / "points.csv")
+    assert set(at_end) == {"lr=0.1", "lr=0.5", "lr=1.0"}
+    assert [at_end[n]["reused"] for n in ("lr=0.1", "lr=0.5", "lr=1.0")] == ["yes", "yes", ""]
+
+    sweep_id = newest.data.tags[metrics.TAG_SWEEP_ID]
+    result = report_cli([sweep_id, "--out", str(tmp_path / "rebuilt")], tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert read_csv(tmp_path / "rebuilt" / "points.csv") == at_end
+    result = report_cli(["latest", "--out", str(tmp_path / "latest"), "--no-attach"], tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert read_csv(tmp_path / "latest" / "points.csv") == at_end
+
+
+def test_report_of_an_unknown_sweep_names_it(tmp_path, mlflow_uri):
+    assert sweep(["lr=0.1", *TINY], tmp_path).returncode == 0
+    result = report_cli(["nosuchid"], tmp_path)
+    assert result.returncode != 0
+    assert "no sweep 'nosuchid' in this experiment; recent sweep ids:" in result.stderr

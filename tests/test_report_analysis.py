@@ -1,0 +1,103 @@
+"""The report's analysis on configs and curves alone: axes, scaling families, regimes, divergence."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+
+from sweeper.report import analysis
+
+
+def grid(**axes) -> list[dict]:
+    base = {"hidden": 512, "batch_size": 3200, "lr": 0.1, "nproc": 1, "epochs": 1, "data.dir": None}
+    keys = list(axes)
+    return [{**base, **dict(zip(keys, values))} for values in itertools.product(*axes.values())]
+
+
+def test_axes_follow_the_sweeps_order_then_the_usual_one():
+    configs = grid(nproc=[1, 2], hidden=[128, 512])
+    assert analysis.axes(configs) == ["hidden", "nproc"]
+    assert analysis.axes(configs, order=["nproc", "hidden"]) == ["nproc", "hidden"]
+    assert analysis.axes(grid()) == []
+
+
+def test_strong_families_differ_only_in_nproc():
+    configs = grid(hidden=[128, 512], nproc=[1, 2, 4])
+    fams = analysis.families(configs)
+    assert [f.kind for f in fams] == ["strong", "strong"]
+    assert [f.fixed for f in fams] == [{"hidden": 128, "batch_size": 3200}, {"hidden": 512, "batch_size": 3200}]
+    for f in fams:
+        assert [configs[i]["nproc"] for i in f.members] == [1, 2, 4]
+
+
+def test_weak_family_keeps_rows_per_rank():
+    # The scaling preset: batch_size = 3200 x nproc.
+    configs = [{**c, "batch_size": 3200 * c["nproc"]} for c in grid(hidden=[512, 1024], nproc=[1, 2, 4])]
+    fams = analysis.families(configs)
+    assert [(f.kind, f.fixed) for f in fams] == [
+        ("weak", {"hidden": 512, "rows per rank": 3200}),
+        ("weak", {"hidden": 1024, "rows per rank": 3200}),
+    ]
+
+
+def test_batch_study_holds_strong_and_weak_families_and_batch_groups():
+    configs = grid(batch_size=[32, 64, 128], nproc=[1, 2])
+    fams = analysis.families(configs)
+    strong = [f for f in fams if f.kind == "strong"]
+    weak = [f for f in fams if f.kind == "weak"]
+    assert [f.fixed["batch_size"] for f in strong] == [32, 64, 128]
+    # Rows per rank 32: (32, 1) and (64, 2); 64: (64, 1) and (128, 2).
+    assert [f.fixed["rows per rank"] for f in weak] == [32, 64]
+    assert all(len(f.members) == 2 for f in weak)
+    studies = analysis.batch_studies(configs)
+    assert [s.fixed for s in studies] == [{"nproc": 1}, {"nproc": 2}]
+    assert [configs[i]["batch_size"] for i in studies[0].members] == [32, 64, 128]
+
+
+def test_single_axis_and_mixed_sweeps_have_no_scaling_family():
+    assert analysis.families(grid(lr=[0.01, 0.1, 1.0])) == []
+    assert analysis.batch_studies(grid(lr=[0.01, 0.1, 1.0])) == []
+    # nproc and hidden change together: no two points differ in nproc alone.
+    mixed = [{**grid()[0], "nproc": p, "hidden": h} for p, h in ((1, 128), (2, 256), (4, 512))]
+    assert analysis.families(mixed) == []
+    # Two nproc values with a batch that does not keep rows per rank: neither strong nor weak.
+    odd = [{**grid()[0], "nproc": 1, "batch_size": 100}, {**grid()[0], "nproc": 2, "batch_size": 300}]
+    assert analysis.families(odd) == []
+
+
+def test_speedup_and_efficiency_strong_and_weak():
+    strong = analysis.scaling("strong", [1, 2, 4], [10.0, 6.0, 4.0], [3200] * 3)
+    assert strong[1] == pytest.approx((10 / 6, 2, 10 / 12))
+    assert strong[2] == pytest.approx((2.5, 4, 0.625))
+    weak = analysis.scaling("weak", [1, 2, 4], [10.0, 10.0, 12.5], [3200, 6400, 12800])
+    assert weak[1] == pytest.approx((2.0, 2, 1.0))
+    assert weak[2] == pytest.approx((3.2, 4, 0.8))
+
+
+def test_divergence_nan_and_rising_loss():
+    assert analysis.divergence([(0, 2.3), (1, 1.9), (2, 1.2)]) is None
+    nan = analysis.divergence([(0, 2.3), (1, 5.0), (2, math.nan)])
+    assert (nan.step, nan.why) == (2, "loss is NaN")
+    rising = analysis.divergence([(0, 2.3), (1, 2.1), (2, 3.0), (3, 4.0), (4, 9.0)])
+    assert (rising.step, rising.why) == (2, "loss rose past its start")
+    # A spike that recovers is not divergence.
+    assert analysis.divergence([(0, 2.3), (1, 2.6), (2, 1.0), (3, 0.5)]) is None
+
+
+def test_regimes_from_steps_to_target():
+    # Doubling the batch: steps halve, then fall by a quarter, then stay.
+    segs = analysis.regimes([32, 64, 128, 256], [800, 400, 300, 300])
+    assert [s.name for s in segs] == ["perfect scaling", "diminishing returns", "maximal data parallelism"]
+    assert segs[0].slope == pytest.approx(-1.0)
+    curves = [[(0, 2.0), (1, 1.0), (2, 0.5)], [(0, 2.0), (1, 0.8)]]
+    target = analysis.common_target(curves)
+    assert target == 0.8
+    assert [analysis.steps_to_target(c, target) for c in curves] == [3, 2]
+
+
+def test_best_ignores_nan_and_missing():
+    assert analysis.best([0.5, math.nan, 0.9, None]) == 2
+    assert analysis.best([0.5, 0.2], higher=False) == 1
+    assert analysis.best([None, math.nan]) is None
