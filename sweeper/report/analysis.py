@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -193,18 +194,30 @@ def best(values: Sequence[float | None], higher: bool = True) -> int | None:
     return (max(ok) if higher else min(ok))[1]
 
 
+def point_batch_ms(p: Any) -> float:
+    """A point's ms per batch: the median of its timing repeats' medians when it has several
+    (``perf.repeats``; a short run's one median can be 2x off on a noisy machine), else its median."""
+    from trainer import metrics
+
+    if len(p.batch_ms_repeats) > 1:
+        return statistics.median(p.batch_ms_repeats)
+    return p.metrics.get(metrics.phase_time("batch"), math.nan)
+
+
 def family_rows(points: Sequence[Any], family: Family) -> list[Scaling]:
     """The family's scaling figures from its points' own timings (``study.Point``s, by index)."""
     from trainer import metrics
 
     members = [points[i] for i in family.members]
-    batch = [p.metrics.get(metrics.phase_time("batch"), math.nan) for p in members]
+    batch = [point_batch_ms(p) for p in members]
     ratios = scaling(family.kind, [p.nproc for p in members], batch, [p.get("batch_size") for p in members])
     rows = []
     for p, t, (speedup, ideal, eff) in zip(members, batch, ratios):
         q1 = p.metrics.get(metrics.phase_quantile("batch", "q1"), t)
         q3 = p.metrics.get(metrics.phase_quantile("batch", "q3"), t)
         phases = {ph: p.metrics.get(metrics.phase_time(ph), 0.0) for ph in metrics.PHASES if ph != "batch"}
-        samples = p.metrics.get(metrics.SAMPLES_PER_S, math.nan)
+        # The run's samples/s at the time chosen above (its global batch over that time).
+        run_ms = p.metrics.get(metrics.phase_time("batch"), math.nan)
+        samples = p.metrics.get(metrics.SAMPLES_PER_S, math.nan) * run_ms / t
         rows.append(Scaling(p.nproc, t, q1, q3, samples, speedup, ideal, eff, phases, p.batch_ms_repeats))
     return rows

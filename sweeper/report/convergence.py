@@ -7,6 +7,7 @@ and the epochs (training is chaotic: rounding differences grow, 002 Q1.2).
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -69,12 +70,12 @@ def loss_curves(points: list[Point], axis: list[str], out: Path) -> Path:
     panels = list(dict.fromkeys(fmt(p.get(panel_key)) for p in points)) if panel_key else [""]
     colours = palette([p.get(colour_key) if colour_key else p.name for p in points])
     fig, ax = grid(len(panels), 3)
-    healthy = [v for p in points if not analysis.divergence(p.loss) for _s, v in p.loss[:1]]
+    healthy = [v for p in points if not p.diverged for _s, v in p.loss[:1]]
     top = 1.15 * finite_max(healthy) if healthy else None
     for p in points:
         row = panels.index(fmt(p.get(panel_key))) if panel_key else 0
         colour = colours[fmt(p.get(colour_key)) if colour_key else p.name]
-        bad = analysis.divergence(p.loss)
+        bad = p.diverged
         label = _label(p, colour_key) + (f", {_label(p, style_key)}" if style_key else "")
         label += f" (diverged at step {bad.step}: {bad.why})" if bad else ""
         style = ":" if bad else styles[fmt(p.get(style_key))]
@@ -99,15 +100,15 @@ def loss_curves(points: list[Point], axis: list[str], out: Path) -> Path:
             a = ax[row][col]
             a.set_xlabel(xlabel)
             a.set_ylabel("training loss")
-            _log_if_wide(a, [v for p in points for _s, v in p.loss if not analysis.divergence(p.loss)])
+            _log_if_wide(a, [v for p in points for _s, v in p.loss if not p.diverged])
             if top:
                 a.set_ylim(top=top)
             if panel_key:
                 a.set_title(f"{panel_key}={panel}")
     if colour_key:
-        key_legend(fig, ax, ax[0][0], colour_key, [p.get(colour_key) for p in points], loc="upper right")
+        key_legend(fig, ax, ax[0][0], colour_key, [p.get(colour_key) for p in points])
     else:
-        ax[0][0].legend(loc="upper right")
+        fig.legend(loc="outside right upper", fontsize=8)
     fig.suptitle("Convergence: training loss of every point")
     return save(fig, out)
 
@@ -132,7 +133,7 @@ def precision_and_finals(points: list[Point], axis: list[str], out: Path) -> Pat
         if col == 1:
             _log_if_wide(a, [v for p in points for _e, v in p.loss_epoch])
     if colour_key:
-        key_legend(fig, ax, ax[0][0], colour_key, [p.get(colour_key) for p in points], loc="lower right")
+        key_legend(fig, ax, ax[0][0], colour_key, [p.get(colour_key) for p in points])
     finals = {
         "final test precision": [_last(p.precision) for p in points],
         "final training loss": [_last(p.loss_epoch) for p in points],
@@ -156,7 +157,7 @@ def _against(a: Any, points: list[Point], key: str | None, values: list, what: s
         return
     lines: dict[str, list[tuple[Any, float]]] = {}
     for p, v in zip(points, values):
-        if v is not None and not analysis.divergence(p.loss):
+        if v is not None and math.isfinite(v):
             others = ", ".join(
                 f"{k}={fmt(x)}" for k, x in sorted(p.config.items()) if k not in (key, "nproc") and _varies(points, k)
             )
@@ -165,8 +166,11 @@ def _against(a: Any, points: list[Point], key: str | None, values: list, what: s
         xy.sort(key=lambda t: t[0])
         xs, ys = zip(*xy)
         a.plot(xs, ys, marker="o", ms=4, label=others or None)
-    i = analysis.best(values, higher)
-    if i is not None and not analysis.divergence(points[i].loss):
+    bad = [(p.get(key), v) for p, v in zip(points, values) if p.diverged and v is not None and math.isfinite(v)]
+    if bad:  # "too large": still drawn, marked
+        a.plot(*zip(*bad), "x", color="firebrick", ms=9, mew=2, zorder=4, label="diverged")
+    i = analysis.best([None if p.diverged else v for p, v in zip(points, values)], higher)
+    if i is not None and not points[i].diverged:
         a.plot(
             points[i].get(key),
             values[i],

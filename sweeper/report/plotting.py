@@ -69,12 +69,14 @@ def is_numeric(values: Sequence[Any]) -> bool:
     return all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
 
 
-def key_legend(fig: Figure, axes: Any, a: Any, key: str | None, values: Sequence[Any], loc: str = "best") -> None:
+def key_legend(fig: Figure, axes: Any, a: Any, key: str | None, values: Sequence[Any]) -> None:
     """Name the colours: a legend for up to 10 values, a colour bar of the values beyond (every line
     stays drawn, and a bar does not hide them)."""
     distinct = sorted(set(values)) if is_numeric(values) else list(dict.fromkeys(values))
     if key is None or len(distinct) <= 10 or not is_numeric(values):
-        a.legend(title=key, loc=loc, fontsize=7 if len(distinct) > 6 else 8)
+        handles, labels = a.get_legend_handles_labels()
+        seen = dict(zip(labels, handles))  # one entry a label
+        fig.legend(seen.values(), seen.keys(), title=key, loc="outside right upper", fontsize=8)
         return
     from matplotlib.cm import ScalarMappable
     from matplotlib.colors import BoundaryNorm, ListedColormap

@@ -104,7 +104,7 @@ def csv_rows(points: list[Point], axis: list[str], fams: list, finished: list[Po
     out = []
     for p in points:
         m = p.metrics
-        bad = analysis.divergence(p.loss)
+        bad = p.diverged
         row: dict[str, Any] = {"point": p.name, **{k: p.get(k) for k in axis}, "status": p.status}
         row.update(
             {
@@ -168,7 +168,7 @@ def summary_markdown(
         lines += [f"Sweep wall time {wall:.1f} s for {train:.2f} s of training (the rest is start-up and waiting).", ""]
     lines += ["| point | status | final loss | precision | ms/batch | max weight err |", "|---|---|---|---|---|---|"]
     for p in points:
-        m, bad = p.metrics, analysis.divergence(p.loss)
+        m, bad = p.metrics, p.diverged
         status = p.status + (" (reused)" if p.reused else "") + (f", diverged at step {bad.step}" if bad else "")
         lines.append(
             f"| {p.name} | {status} | {_num(p.loss_epoch[-1][1] if p.loss_epoch else None, '.4f')} "

@@ -12,6 +12,7 @@ from sweeper.report.plotting import fmt, grid, log_ticks, palette, save
 from sweeper.report.study import Point
 from trainer import metrics
 
+REGIME_COLOURS = {"perfect scaling": "#55a868", "diminishing returns": "#dd8452", "maximal data parallelism": "#c44e52"}
 PHASE_COLOURS = {
     "h2d": "#8c8c8c",
     "forward": "#4c72b0",
@@ -30,7 +31,8 @@ def scaling_figure(kind: str, fams: list[tuple[Family, list[Scaling]]], out: Pat
         c = colours[fam.label]
         p = [r.nproc for r in rows]
         t = [r.batch_ms for r in rows]
-        err = [[r.batch_ms - r.batch_q1 for r in rows], [r.batch_q3 - r.batch_ms for r in rows]]
+        # The run's quartiles; with repeats the median can lie outside them (the band shows the repeats).
+        err = [[max(0.0, r.batch_ms - r.batch_q1) for r in rows], [max(0.0, r.batch_q3 - r.batch_ms) for r in rows]]
         ax[0][0].errorbar(p, t, yerr=err, marker="o", color=c, capsize=3, label=fam.label)
         spread = [(r.nproc, min(r.repeats), max(r.repeats)) for r in rows if len(r.repeats) > 1]
         if spread:  # perf.repeats: the range of the repeats' medians
@@ -84,7 +86,7 @@ def regimes_figure(points: list[Point], studies: list[Family], out: Path) -> tup
     found: dict[str, list] = {}
     for study in studies:
         members = [points[i] for i in study.members]
-        target = analysis.common_target([p.loss for p in members if not analysis.divergence(p.loss)])
+        target = analysis.common_target([p.loss for p in members if not p.diverged])
         if target is None:
             continue
         pairs = [(p.get("batch_size"), analysis.steps_to_target(p.loss, target), p) for p in members]
@@ -99,21 +101,20 @@ def regimes_figure(points: list[Point], studies: list[Family], out: Path) -> tup
         ax[0][1].plot(b, seconds, marker="o", color=c, label=study.label)
         segs = analysis.regimes(list(b), list(s))
         found[study.label] = segs
-        for seg, (x0, y0), (x1, y1) in zip(segs, zip(b, s), list(zip(b, s))[1:]):
-            ax[0][0].annotate(
-                seg.name,
-                (math.sqrt(x0 * x1), math.sqrt(y0 * y1)),
-                fontsize=7,
-                color=c,
-                ha="center",
-                va="bottom",
-                rotation=-20,
+    shaded: set[str] = set()
+    for seg in next(iter(found.values()), []):  # steps do not depend on nproc: one study's regimes shade
+        label = None if seg.name in shaded else seg.name
+        shaded.add(seg.name)
+        for a in ax[0]:
+            a.axvspan(
+                seg.lo, seg.hi, color=REGIME_COLOURS[seg.name], alpha=0.18, lw=0, label=label if a is ax[0][0] else None
             )
+    sizes = sorted({points[i].get("batch_size") for s in studies for i in s.members})
     for a, ylabel, title in (
         (ax[0][0], "steps to the target loss", "Steps to target (dotted: perfect scaling)"),
         (ax[0][1], "seconds to the target loss", "Time to target"),
     ):
-        a.set_xscale("log", base=2)
+        log_ticks(a, sizes)
         a.set_yscale("log")
         a.set(xlabel="batch size", ylabel=ylabel, title=title)
         a.legend(loc="best", fontsize=7)

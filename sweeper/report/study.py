@@ -10,8 +10,10 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
+from sweeper.report.analysis import Divergence, divergence
 from trainer import metrics
 
 POINTS_ARTIFACT = "points.json"
@@ -44,6 +46,11 @@ class Point:
     @property
     def nproc(self) -> int:
         return int(self.config.get("nproc", 1))
+
+    @cached_property
+    def diverged(self) -> Divergence | None:
+        """Where the loss turned NaN or rose past its start (None: it did not)."""
+        return divergence(self.loss)
 
 
 @dataclass
