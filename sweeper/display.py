@@ -92,5 +92,11 @@ def summary(outcomes: list[Outcome]) -> None:
 def mlflow_ui_command(uri: str) -> str:
     """How to open the tracking store in MLflow's UI (a server's URI is already one)."""
     if uri.startswith(("http://", "https://")):
-        return uri
-    return f"mlflow ui --backend-store-uri {uri}  (then http://127.0.0.1:5000)"
+        return f"open {uri}"
+    return f"mlflow ui --backend-store-uri {uri}"
+
+
+def mlflow_run_url(uri: str, experiment_id: str, run_id: str) -> str:
+    """The run's page. MLflow 3's UI opens on its GenAI views unless told the workflow."""
+    base = uri.rstrip("/") if uri.startswith(("http://", "https://")) else "http://127.0.0.1:5000"
+    return f"{base}/#/experiments/{experiment_id}/runs/{run_id}?workflowType=machine_learning"

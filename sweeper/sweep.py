@@ -170,8 +170,8 @@ def write_report(record: SweepRecord, sweep_dir: Path) -> None:
         display.console.print("  retry with: python -m sweeper.report latest")
         return
     display.console.print(f"report ({report.seconds:.1f} s): {folder / 'report.html'}")
-    display.console.print(f"MLflow: {display.mlflow_ui_command(record.uri)}")
-    display.console.print(f"  the sweep's run: #/experiments/{record.experiment_id}/runs/{record.parent_id}")
+    display.console.print(f"MLflow: {display.mlflow_ui_command(record.uri)}, then")
+    display.console.print(f"  {display.mlflow_run_url(record.uri, record.experiment_id, record.parent_id)}")
 
 
 def parent_name(points: list[Point]) -> str:

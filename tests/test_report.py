@@ -49,6 +49,8 @@ def test_sweep_ends_with_a_report_of_every_point(study_sweep):
     folder = Path(parent.data.tags[metrics.TAG_SWEEP_DIR]) / "report"
     assert "report (" in result.stdout and str(folder / "report.html") in result.stdout
     assert "mlflow ui --backend-store-uri sqlite:///" in result.stdout
+    run_page = f"/#/experiments/{parent.info.experiment_id}/runs/{parent.info.run_id}?workflowType=machine_learning"
+    assert run_page in result.stdout
 
     rows = read_csv(folder / "points.csv")
     assert set(rows) == set(kids)
