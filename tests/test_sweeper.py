@@ -159,6 +159,9 @@ def test_sigterm_cancels_jobs_and_marks_runs_killed(tmp_path, mlflow_uri):
     assert "interrupted: cancelling the sweep's jobs" in out and "sweep summary" in out
     statuses = {r.info.status for r in runs(mlflow_uri)}
     assert statuses == {"KILLED"}, statuses
+    # The report of what there is still comes: the killed point listed, nothing drawn.
+    (report,) = tmp_path.glob("multirun/*/*/report/points.csv")
+    assert "nproc=1" in report.read_text() and "KILLED" in report.read_text()
 
 
 def slurm_answers() -> bool:
