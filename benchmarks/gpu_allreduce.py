@@ -1,7 +1,7 @@
 """The gradient's all-reduce, alone and beside a GEMM: NCCL's kernels on a plain buffer (nccl), NCCL's
 symmetric kernels on a buffer of its memory window (nccl-window, the trainer's default), and the
 copy engines (benchmarks/peer_allreduce.py, an experiment: does an all-reduce that takes no SMs
-hide behind the step's GEMMs where NCCL's could not? BENCHMARKS.md, "Hiding the all-reduce").
+hide behind the step's GEMMs where NCCL's could not? docs/benchmarks.md, "Hiding the all-reduce").
 
     python benchmarks/gpu_allreduce.py          # launches mpiexec -n 4 itself (--nproc)
 
@@ -37,14 +37,15 @@ def worker(args: argparse.Namespace) -> None:
     from peer_allreduce import PeerAllreduce
 
     from trainer import model, parallel
-    from trainer.gemm import Gemm
+    from trainer.gpu.gemm import Gemm
+    from trainer.gpu.nccl import NcclAllreduce
 
     (comm,), (kind,) = args.comm, args.gemm  # one of each per worker
     world = parallel.join_world(args.nproc)
     cp.cuda.Device(world.local_rank % cp.cuda.runtime.getDeviceCount()).use()
     n, cut = model.Layout(D=D, H=H).size + 1, H // 2 * D
     if comm.startswith("nccl"):
-        ar = parallel.NcclAllreduce(world, cp.float32, window=comm == "nccl-window")
+        ar = NcclAllreduce(world, cp.float32, window=comm == "nccl-window")
         whole = ar.empty(n)
     else:
         ar = PeerAllreduce(world, n, cp.float32, graphs=comm == "peer-graph")
@@ -105,15 +106,13 @@ def worker(args: argparse.Namespace) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--worker", action="store_true")
-    parser.add_argument("--nproc", type=int, default=4)
     parser.add_argument("--gemm", choices=["tf32", "sgemm", "x-prep"], nargs="+", default=["tf32", "sgemm"])
     parser.add_argument("--comm", choices=COMMS, nargs="+", default=list(COMMS))
-    args = parser.parse_args()
-    if args.worker:
-        worker(args)
+    from gpu_common import launch_workers, pair_columns, run_as_worker_or_parse
+
+    args = run_as_worker_or_parse(parser, worker)
+    if args is None:
         return
-    from gpu_common import launch_workers, pair_columns
 
     print(f"{args.nproc} ranks; us per sum, per GEMM, per pair launched together; CPU us to queue one sum")
     head = ("GEMM", "comm", "sum of", "exact", "GEMM", "sum", "both", "GEMM+sum", "CPU")

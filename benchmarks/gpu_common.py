@@ -3,6 +3,7 @@ the ranks of a multi-GPU benchmark started under mpiexec."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
 import subprocess
@@ -85,13 +86,15 @@ def our_step(
 
     from trainer import model
     from trainer.loop import Schedule, sgd_step
+    from trainer.options import StepOptions
     from trainer.parallel import gradient_buffer
-    from trainer.steps import make_step
+    from trainer.step import make_step
 
     layout = model.Layout(D=D, H=H, C=C)
     params = cp.asarray(model.init_params(layout, 0, "float32"))
     gbuf = gradient_buffer(allreduce, cp, layout.size + 1, cp.float32)  # NCCL's window, if it has one
-    step = make_step(kind, cp, layout, params, gbuf, len(y), gemm, allreduce, overlap, x_levels)
+    options = StepOptions(kind=kind, gemm=gemm, overlap=overlap, x_levels=x_levels)
+    step = make_step(options, cp, layout, params, gbuf, len(y), allreduce)
     loss = cp.zeros(1, dtype=cp.float32)
     schedule = Schedule(batch_size=global_batch or len(y), lr=LR, reg=REG, epochs=1)
     batch = (step.prepare(x, [(0, len(x))]) or [x])[0] if prepared else x
@@ -129,7 +132,7 @@ def fused_step(H: int, gemm: str, x: Any, y: Any, cls: Any = None, x_levels: int
     import cupy as cp
 
     from trainer import model
-    from trainer.steps import FusedStep
+    from trainer.gpu.fused_step import FusedStep
 
     layout = model.Layout(D=D, H=H, C=C)
     params = cp.asarray(model.init_params(layout, 0, "float32"))
@@ -206,3 +209,15 @@ def launch_workers(
         sys.stderr.write(out.stdout[-3000:] + out.stderr[-3000:])
         return None
     return result
+
+
+def run_as_worker_or_parse(parser: argparse.ArgumentParser, worker: Callable[[Any], None]) -> Any | None:
+    """The multi-rank benchmarks' entry: with --worker (as launch_workers starts the ranks) run
+    ``worker`` and return None; else return the parsed arguments for the launching process."""
+    parser.add_argument("--worker", action="store_true")
+    parser.add_argument("--nproc", type=int, default=4)
+    args = parser.parse_args()
+    if args.worker:
+        worker(args)
+        return None
+    return args

@@ -5,11 +5,11 @@
 For each GEMM of the step (z1 = X W1^T and dW1 = dz1^T X, with 3xTF32 and 3xBF16 their
 K-tripled forms; 3xBF16's operands BF16, its output float32), in the operands' layouts the step
 used and uses (z1^T = W1 X^T; dW1 from dz1^T and X, or from the K-major dz1^T and X^T), prints
-us per call of: cublasSgemm (cublasGemmEx for BF16; trainer/gemm.py, what the step calls),
+us per call of: cublasSgemm (cublasGemmEx for BF16; trainer/gpu/gemm.py, what the step calls),
 cuBLASLt's first heuristic pick, and the fastest of its candidates each timed on the first call
 (autotuning, as PyTorch's TunableOp does), with each candidate's tile id and split-K; and the
 largest relative difference of the tuned result from cublasSgemm's. The autotuner lives here,
-not in the trainer: it gained nothing at the step's shapes (BENCHMARKS.md).
+not in the trainer: it gained nothing at the step's shapes (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -147,7 +147,7 @@ class LtGemm:
     candidates, timed on the first call of that shape (on the call's own buffers, which it
     writes; the call then computes its result as any other). That first call waits for the GPU.
     ``tune=False`` keeps the heuristic's first pick: what cublasSgemm would run. ``bf16``: BF16
-    operands (uint16 arrays) into float32, as trainer/gemm.py's cublasGemmEx (bf16x3)."""
+    operands (uint16 arrays) into float32, as trainer/gpu/gemm.py's cublasGemmEx (bf16x3)."""
 
     def __init__(self, dtype: Any, tensor_cores: bool, tune: bool = True, bf16: bool = False) -> None:
         import cupy as cp
@@ -253,7 +253,7 @@ def compare(gemms: tuple, case: tuple, bf16: bool = False) -> tuple[float, float
 def main() -> None:
     import cupy as cp
 
-    from trainer.gemm import Gemm
+    from trainer.gpu.gemm import Gemm
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--hidden", type=int, nargs="+", default=[2048])

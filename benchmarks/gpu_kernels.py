@@ -3,14 +3,14 @@
     python benchmarks/gpu_kernels.py
 
 GPU time per launch without the CPU's launch cost (20 launches captured in a CUDA graph) of
-output_layer and hidden_grad over their block shapes (trainer/steps.py: output_layer's warps per
+output_layer and hidden_grad over their block shapes (trainer/gpu/fused_step.py: output_layer's warps per
 block, rows loaded at once and samples per block; hidden_grad's warps, hidden units and samples
 per block), hidden_grad as the TF32 step runs it (dz1^T over z1^T), as the 3xTF32 step does (its
 three TF32 parts: 26 MB read, 79 MB written), as the 2xTF32 one (tf32x3 on pixels: two parts, 52
 MB written) and as the 3xBF16 one (bf16x3, the default: three BF16 parts, 39 MB, to a buffer of
 their own). This is how FusedStep's OUT_* and HID_* shapes were chosen (OUT_UNROLL and OUT_PREFETCH
 in the whole step, where z1^T comes partly from memory: here it stays in L2). With --profile-target
-it only launches the two kernels of the TF32 step twice each, for Nsight Compute (BENCHMARKS.md).
+it only launches the two kernels of the TF32 step twice each, for Nsight Compute (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -46,14 +46,14 @@ def graph_ms(launch, n: int = 20) -> float:
 def shaped(gemm: str, x, y, x_levels=None, **shape):
     """A FusedStep (``gemm``'s GEMMs; x_levels: fused_step's) with these block shapes (class
     attributes of FusedStep)."""
-    from trainer.steps import FusedStep
+    from trainer.gpu.fused_step import FusedStep
 
     return fused_step(H, gemm, x, y, cls=type("Shaped", (FusedStep,), shape), x_levels=x_levels)
 
 
 def profile_target(x, y) -> None:
     """output_layer and hidden_grad of the TF32 step, each launched twice after the step's own
-    forward and backward: for a profiler (BENCHMARKS.md)."""
+    forward and backward: for a profiler (docs/benchmarks.md)."""
     import cupy as cp
 
     s = fused_step(H, "tf32", x, y)

@@ -12,7 +12,7 @@ half of z1^T = W1 X^T, beside the second half's sum) and in the one it used befo
 row-major", dz1[:, 1024:]^T X; "z1 columns", X W1[:1024]^T). Varied: the side stream's
 priority, the SMs cuBLAS may use (cublasSetSmCountTarget, leaving the rest to NCCL) and
 NCCL_MAX_CTAS (NCCL's blocks per GPU). With the whole step's timings (gpu_scaling.py), this
-chose overlap=auto and NCCL_MAX_CTAS=8 (BENCHMARKS.md).
+chose gpu.overlap=auto and NCCL_MAX_CTAS=8 (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -35,11 +35,12 @@ def worker(args: argparse.Namespace) -> None:
     from gpu_common import beside, report
 
     from trainer import parallel
-    from trainer.gemm import Gemm
+    from trainer.gpu.gemm import Gemm
+    from trainer.gpu.nccl import NcclAllreduce
 
     world = parallel.join_world(args.nproc)
     cp.cuda.Device(world.local_rank % cp.cuda.runtime.getDeviceCount()).use()
-    ar = parallel.NcclAllreduce(world, cp.float32)
+    ar = NcclAllreduce(world, cp.float32)
     rt = cp.cuda.runtime
     sides = {"high": ar.side, "normal": rt.streamCreateWithPriority(rt.streamNonBlocking, 0)}
     gemm = Gemm(cp.float32, tensor_cores=args.gemm == "tf32")
@@ -71,18 +72,16 @@ def worker(args: argparse.Namespace) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--worker", action="store_true")
-    parser.add_argument("--nproc", type=int, default=4)
     parser.add_argument("--gemm", choices=["tf32", "sgemm"], default="tf32")
     parser.add_argument("--sm-free", type=int, nargs="+", default=[0, 16, 32], help="SMs cuBLAS leaves free")
     parser.add_argument("--max-ctas", nargs="+", default=["default", "8", "16"], help="NCCL_MAX_CTAS values")
     parser.add_argument("--libcublas", default="libcublas.so.13")
     parser.add_argument("--layouts", nargs="+", default=["dW1 from dz1^T"], help="GEMMs: see the docstring")
-    args = parser.parse_args()
-    if args.worker:
-        worker(args)
+    from gpu_common import launch_workers, pair_columns, run_as_worker_or_parse
+
+    args = run_as_worker_or_parse(parser, worker)
+    if args is None:
         return
-    from gpu_common import launch_workers, pair_columns
 
     from trainer import parallel
 

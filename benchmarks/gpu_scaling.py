@@ -1,7 +1,7 @@
 """Data-parallel scaling of our fused step over 1, 2 and 4 GPUs of one host: NCCL overlapped
-with the step's compute (nccl-overlap: overlap=always, as the trainer sets NCCL up for it), NCCL
+with the step's compute (nccl-overlap: gpu.overlap=always, as the trainer sets NCCL up for it), NCCL
 after the backward pass (nccl), both with NCCL's symmetric window where the trainer takes it
-(nccl_window=auto) and never (-nowin), and the seeds' host-staged MPI all-reduce (mpi). H=2048
+(gpu.nccl_window=auto) and never (-nowin), and the course's host-staged MPI all-reduce (mpi). H=2048
 (--hidden).
 
     python benchmarks/gpu_scaling.py              # launches mpiexec -n 1, 2, 4 itself
@@ -22,7 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-# (kind, label, batch, how the fused step's GEMMs run: trainer/steps.py). The inputs are pixels,
+# (kind, label, batch, how the fused step's GEMMs run: trainer/gpu/fused_step.py). The inputs are pixels,
 # as the trainer's: tf32x3 multiplies in two products ("2xTF32").
 CASES = [
     ("weak", "FP32", 3200, "sgemm"),
@@ -49,9 +49,9 @@ def worker(args: argparse.Namespace) -> None:
     from gpu_common import enqueue_ms, inputs, our_step, report, time_ms
 
     from trainer import model, parallel
+    from trainer.gpu.fused_step import FusedStep
+    from trainer.gpu.policy import sums_beside_gemm, window_wanted
     from trainer.loop import local_rows
-    from trainer.run import window_wanted
-    from trainer.steps import FusedStep, sums_beside_gemm
 
     world = parallel.join_world(args.nproc)
     cp.cuda.Device(world.local_rank % cp.cuda.runtime.getDeviceCount()).use()
@@ -60,7 +60,7 @@ def worker(args: argparse.Namespace) -> None:
     xh, yh = inputs(hi - lo, seed=world.rank)
     n = model.Layout(D=784, H=args.hidden).size + 1
     gpus = cp.cuda.runtime.getDeviceCount()
-    beside_gemm = args.overlap and sums_beside_gemm(args.gemm)  # as trainer/run.py sets NCCL up
+    beside_gemm = args.overlap and sums_beside_gemm(args.gemm)  # as trainer/options.py sets NCCL up
     window = window_wanted(args.window, beside_gemm)
     allreduce = parallel.make_allreduce(args.comm, world, True, gpus, cp, n, cp.float32, beside_gemm, window)
     if args.first_part:

@@ -94,7 +94,7 @@ def torch_steps(H: int, xh, yh, tf32: bool, compile_: bool) -> dict[str, float]:
 
 # Our step's GEMM modes per process: CuPy reads CUPY_TF32 once, so TF32 runs in a process of its own
 # (its PyTorch rows too). label: (gemm, x_levels). "FP32 3xTF32" and "FP32 2xTF32" are float32
-# accuracy on tensor cores (tf32x3, trainer/steps.py): three products for inputs of any value, two
+# accuracy on tensor cores (tf32x3, trainer/gpu/fused_step.py): three products for inputs of any value, two
 # with X as its pixels' integer levels, as the trainer runs it (the inputs are pixels either way);
 # "FP32 3xBF16" three BF16 products on the pixels (bf16x3).
 VARIANTS = {

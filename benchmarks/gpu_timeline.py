@@ -34,9 +34,9 @@ def worker(args: argparse.Namespace) -> None:
     from gpu_common import LR, REG, inputs, report
 
     from trainer import model, parallel
+    from trainer.gpu.fused_step import FusedStep
+    from trainer.gpu.policy import sums_beside_gemm, window_wanted
     from trainer.loop import Schedule, sgd_step
-    from trainer.run import window_wanted
-    from trainer.steps import FusedStep, sums_beside_gemm
 
     world = parallel.join_world(args.nproc)
     cp.cuda.Device(world.local_rank % cp.cuda.runtime.getDeviceCount()).use()

@@ -1,10 +1,10 @@
 """An all-reduce between the GPUs of one node by their copy engines: no SMs taken but a small sum.
 
 An experiment, not used by the trainer: measured against NCCL (benchmarks/gpu_allreduce.py), it
-took 80 to 105 us where NCCL takes 33 to 49 (BENCHMARKS.md, "An all-reduce on the copy engines").
+took 80 to 105 us where NCCL takes 33 to 49 (docs/benchmarks.md, "An all-reduce on the copy engines").
 
 NCCL's all-reduce runs as kernels, and beside the step's GEMMs its blocks and theirs slow each
-other (BENCHMARKS.md, "Hiding the all-reduce"). Here the data moves by DMA: every rank's buffer
+other (docs/benchmarks.md, "Hiding the all-reduce"). Here the data moves by DMA: every rank's buffer
 is mapped into the others' address space (CUDA IPC), cudaMemcpyAsync between them runs on the
 copy engines over NVLink, and the ranks signal each other through flags in GPU memory that the
 GPUs' front ends write and wait on (cuStreamWriteValue32 / cuStreamWaitValue32), so no host
@@ -111,7 +111,7 @@ class PeerAllreduce:
         self._add((1,), (32,), (np.uint64(self.base), self.staging, np.int64(0), np.int64(0), np.int32(0)))
         self.blocks = 2 * cp.cuda.Device().attributes["MultiProcessorCount"]
         # One stream per peer, so that the copies to and from different peers can run at once
-        # (measured no faster than one stream, BENCHMARKS.md); events fork and join them.
+        # (measured no faster than one stream, docs/benchmarks.md); events fork and join them.
         high = -100  # clamped to the highest priority, as NcclAllreduce's side stream
         self.branch = [rt.streamCreateWithPriority(rt.streamNonBlocking, high) for _ in self.peers]
         self.fork = cp.cuda.Event(disable_timing=True)

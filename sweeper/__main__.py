@@ -11,7 +11,9 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from sweeper.config import FLAGS, register
+from sweeper.config import FLAGS, register, reject_renamed
+from trainer.config import check_old_keys
+from trainer.errors import ConfigError
 
 register()
 
@@ -25,4 +27,10 @@ def main(cfg: DictConfig) -> None:
 
 if __name__ == "__main__":
     sys.argv = [FLAGS.get(a, a) for a in sys.argv]
+    try:  # old spellings stop here, before Hydra, naming the new key
+        check_old_keys(sys.argv[1:])  # the trainer's moved keys (tf32=true -> gpu.gemm=tf32): its one call site here
+        reject_renamed(sys.argv[1:])  # the launcher's renamed keys (launcher.time_min -> launcher.timeout_min)
+    except ConfigError as e:
+        print(f"Error: {e}", file=sys.stderr)
+        sys.exit(2)
     main()

@@ -1,7 +1,8 @@
 """Typed schema of a sweep: every trainer key at the top level, plus `launcher` and `sweep`.
 
 Values live in conf/sweep.yaml and conf/launcher/*.yaml; Hydra rejects unknown keys and
-ill-typed values against these dataclasses.
+ill-typed values against these dataclasses. Each launcher config names its runner class in
+``_target_`` (as Hydra's submitit plugin does): that class, not a name, decides how points run.
 """
 
 from __future__ import annotations
@@ -14,29 +15,36 @@ from omegaconf import MISSING
 
 from trainer.config import TrainerConfig
 from trainer.config import register as register_trainer
+from trainer.errors import ConfigError
 
 
 @dataclass
-class LocalLauncherConfig:
+class LauncherConfig:
+    """What every launcher has."""
+
+    timeout_min: int = 60  # a job's time limit (Slurm's --time)
+    folder: str | None = None  # submitit's folder for job files and logs (null: inside the sweep dir)
+
+
+@dataclass
+class LocalLauncherConfig(LauncherConfig):
     """Points run on this machine; each point's ranks start with mpiexec."""
 
-    name: str = "local"
+    _target_: str = "sweeper.runners.local.LocalRunner"
     # GPUs the sweep may use (null: all visible). Points never share a GPU.
     gpus: int | None = None
     # CPU cores the sweep may use when points run on the CPU (null: all).
     cpus: int | None = None
-    timeout_min: int = 60
 
 
 @dataclass
-class SlurmLauncherConfig:
+class SlurmLauncherConfig(LauncherConfig):
     """submitit's Slurm executor: one job array per resource shape, one task per MPI rank."""
 
-    name: str = "slurm"
+    _target_: str = "sweeper.runners.slurm.SlurmRunner"
     partition: str | None = None
     account: str | None = None
     qos: str | None = None
-    time_min: int = 60
     mem: str | None = None  # per node, e.g. "32G"
     constraint: str | None = None
     gpus_per_node: int = 0  # 0: ranks run on CPUs
@@ -48,14 +56,13 @@ class SlurmLauncherConfig:
     sbatch_args: dict[str, str] = field(default_factory=dict)
     srun_args: list[str] = field(default_factory=list)
     setup: list[str] = field(default_factory=list)
-    folder: str | None = None  # submitit's folder (null: inside the sweep dir)
 
 
 @dataclass
-class DebugLauncherConfig:
+class DebugLauncherConfig(LauncherConfig):
     """In this process, one point at a time, nproc=1: breakpoints and pdb work."""
 
-    name: str = "debug"
+    _target_: str = "sweeper.runners.debug.DebugRunner"
 
 
 @dataclass
@@ -74,14 +81,26 @@ class SweepConfig(TrainerConfig):
 # Command-line shorthands for sweep options: python -m sweeper -m ... --dry-run
 FLAGS = {"--dry-run": "sweep.dry_run=true", "--force": "sweep.force=true"}
 
-LAUNCHERS = {"local": LocalLauncherConfig, "slurm": SlurmLauncherConfig, "debug": DebugLauncherConfig}
+# Launcher keys that were renamed: old spelling -> the one key now.
+RENAMED = {"launcher.time_min": "launcher.timeout_min"}
+
+# The config group's option names (conf/launcher/<name>.yaml) -> their schemas.
+SCHEMAS = {"local": LocalLauncherConfig, "slurm": SlurmLauncherConfig, "debug": DebugLauncherConfig}
+
+
+def reject_renamed(args: list[str]) -> None:
+    """Stop on an override that uses a renamed key, naming the key it is now."""
+    for arg in args:
+        key = arg.lstrip("+~").split("=", 1)[0]
+        if key in RENAMED:
+            raise ConfigError(f"{key} is now {RENAMED[key]} (one spelling for every launcher)")
 
 
 def register() -> None:
     register_trainer()
     cs = ConfigStore.instance()
     cs.store(name="sweep_schema", node=SweepConfig)
-    for name, node in LAUNCHERS.items():
+    for name, node in SCHEMAS.items():
         cs.store(group="launcher", name=f"{name}_schema", node=node)
     cs.store(
         group="hydra/launcher",

@@ -7,10 +7,12 @@ from hydra.errors import ConfigCompositionException
 
 from tests.conftest import compose
 from trainer import model, reference
-from trainer.config import ConfigError, config_hash, validate
+from trainer.config import check_old_keys, config_hash, validate
 from trainer.data import pixel_levels
-from trainer.run import gemm_mode, overlap_wanted, schedule_of, window_wanted
-from trainer.steps import gemm_products
+from trainer.errors import ConfigError
+from trainer.gpu.policy import gemm_products, overlap_wanted, window_wanted
+from trainer.options import gemm_mode
+from trainer.run import schedule_of
 
 
 def test_defaults_and_overrides():
@@ -38,44 +40,46 @@ def test_unknown_dtype_is_rejected_by_hydra():
     assert "Invalid value 'float16', expected one of [float32, float64]" in str(e.value.__cause__)
 
 
-def test_unknown_fp32_gemm_is_rejected_by_hydra():
+def test_unknown_gemm_is_rejected_by_hydra():
     with pytest.raises(ConfigCompositionException) as e:
-        compose(["fp32_gemm=bf16x9"])
-    assert "Invalid value 'bf16x9', expected one of [sgemm, tf32x3, bf16x3]" in str(e.value.__cause__)
+        compose(["gpu.gemm=bf16x9"])
+    assert "Invalid value 'bf16x9', expected one of [bf16x3, tf32x3, sgemm, tf32]" in str(e.value.__cause__)
 
 
-def test_gemm_mode_follows_tf32_dtype_and_fp32_gemm():
+def test_gemm_mode_follows_dtype_and_gpu_gemm():
     assert gemm_mode(compose([])) == "bf16x3"
-    assert gemm_mode(compose(["fp32_gemm=tf32x3"])) == "tf32x3"
-    assert gemm_mode(compose(["fp32_gemm=sgemm"])) == "sgemm"
-    assert gemm_mode(compose(["tf32=true"])) == "tf32"
+    assert gemm_mode(compose(["gpu.gemm=tf32x3"])) == "tf32x3"
+    assert gemm_mode(compose(["gpu.gemm=sgemm"])) == "sgemm"
+    assert gemm_mode(compose(["gpu.gemm=tf32"])) == "tf32"
+    assert gemm_mode(compose(["gpu=tf32"])) == "tf32"  # the option file conf/gpu/tf32.yaml
     assert gemm_mode(compose(["dtype=float64"])) == "dgemm"
 
 
 @pytest.mark.parametrize("key", ["overlap", "nccl_window"])
 def test_true_is_rejected_with_the_choices(key):
     with pytest.raises(ConfigCompositionException) as e:
-        compose([f"{key}=true"])
+        compose([f"gpu.{key}=true"])
     assert "Invalid value 'True', expected one of [auto, always, never]" in str(e.value.__cause__)
 
 
 @pytest.mark.parametrize(
     ("overrides", "step", "wanted"),
     [
-        (["nproc=2", "fp32_gemm=sgemm", "hidden=2048"], "fused", True),  # auto: on where it paid
-        (["nproc=2", "fp32_gemm=sgemm"], "fused", False),  # SGEMM at H=512: it lost
-        (["nproc=2", "fp32_gemm=sgemm", "hidden=4096"], "fused", False),  # and at 4096
+        (["nproc=2", "gpu.gemm=sgemm", "hidden=2048"], "fused", True),  # auto: on where it paid
+        (["nproc=2", "gpu.gemm=sgemm"], "fused", False),  # SGEMM at H=512: it lost
+        (["nproc=2", "gpu.gemm=sgemm", "hidden=4096"], "fused", False),  # and at 4096
         (["nproc=2", "hidden=2048"], "fused", False),  # tensor cores (default bf16x3; tf32x3 lost at 1600 rows per GPU)
-        (["nproc=2", "tf32=true", "hidden=2048"], "fused", False),  # TF32: it lost
+        (["nproc=2", "gpu.gemm=tf32", "hidden=2048"], "fused", False),  # TF32: it lost
         (["nproc=2", "dtype=float64", "hidden=2048"], "fused", False),  # DGEMM: not measured, off
-        (["nproc=2", "overlap=always"], "fused", True),
-        (["nproc=2", "fp32_gemm=sgemm", "overlap=never"], "fused", False),
-        (["nproc=1", "overlap=always"], "fused", False),  # nothing to sum
-        (["nproc=2", "overlap=always"], "generic", False),  # the fused step's feature
+        (["nproc=2", "gpu.overlap=always"], "fused", True),
+        (["nproc=2", "gpu.gemm=sgemm", "gpu.overlap=never"], "fused", False),
+        (["nproc=1", "gpu.overlap=always"], "fused", False),  # nothing to sum
+        (["nproc=2", "gpu.overlap=always"], "generic", False),  # the fused step's feature
     ],
 )
 def test_overlap_wanted(overrides, step, wanted):
-    assert overlap_wanted(compose(overrides), step) is wanted
+    cfg = compose(overrides)
+    assert overlap_wanted(cfg.gpu.overlap.value, step, cfg.nproc, gemm_mode(cfg), cfg.hidden) is wanted
 
 
 @pytest.mark.parametrize(
@@ -88,7 +92,7 @@ def test_overlap_wanted(overrides, step, wanted):
     ],
 )
 def test_window_wanted(nccl_window, beside_gemm, wanted):
-    assert compose([f"nccl_window={nccl_window}"]).nccl_window.value == nccl_window
+    assert compose([f"gpu.nccl_window={nccl_window}"]).gpu.nccl_window.value == nccl_window
     assert window_wanted(nccl_window, beside_gemm) is wanted
 
 
@@ -121,20 +125,20 @@ def test_config_hash_ignores_where_it_is_recorded():
 
 
 def test_tf32_needs_float32():
-    with pytest.raises(ConfigError, match=r"tf32=true needs dtype=float32"):
-        validate(compose(["tf32=true", "dtype=float64"]))
+    with pytest.raises(ConfigError, match=r"gpu.gemm=tf32 needs dtype=float32"):
+        validate(compose(["gpu.gemm=tf32", "dtype=float64"]))
 
 
 @pytest.mark.parametrize(
     ("overrides", "x_levels", "products"),
     [
         ([], 255, 3),  # the default bf16x3 on the trainer's pixels: three BF16 products, X exact in BF16
-        (["fp32_gemm=tf32x3"], 255, 2),  # two TF32 products: X exact in TF32
-        (["fp32_gemm=tf32x3"], None, 3),  # inputs with no promise: X split too
-        (["fp32_gemm=tf32x3"], 4096, 3),  # levels past TF32's 11 bits are not exact
-        (["fp32_gemm=sgemm"], 255, 1),
-        (["fp32_gemm=bf16x3"], 255, 3),  # three BF16 products, X exact in BF16
-        (["tf32=true"], 255, 1),
+        (["gpu.gemm=tf32x3"], 255, 2),  # two TF32 products: X exact in TF32
+        (["gpu.gemm=tf32x3"], None, 3),  # inputs with no promise: X split too
+        (["gpu.gemm=tf32x3"], 4096, 3),  # levels past TF32's 11 bits are not exact
+        (["gpu.gemm=sgemm"], 255, 1),
+        (["gpu.gemm=bf16x3"], 255, 3),  # three BF16 products, X exact in BF16
+        (["gpu.gemm=tf32"], 255, 1),
         (["dtype=float64"], 255, 1),
     ],
 )
@@ -185,13 +189,80 @@ def test_conventions_change_the_config_hash_and_the_reference_key():
     ("overrides", "products"),
     [
         (["data.scale=byte"], 3),  # bf16x3 on the bytes themselves (x_levels 1): k exact in BF16
-        (["data.scale=byte", "fp32_gemm=tf32x3"], 2),  # two TF32 products, as on k / 255
-        (["data.scale=unit", "fp32_gemm=tf32x3"], 2),
-        (["data.scale=byte", "fp32_gemm=sgemm"], 1),
+        (["data.scale=byte", "gpu.gemm=tf32x3"], 2),  # two TF32 products, as on k / 255
+        (["data.scale=unit", "gpu.gemm=tf32x3"], 2),
+        (["data.scale=byte", "gpu.gemm=sgemm"], 1),
     ],
 )
 def test_both_scales_keep_the_fused_steps_exact_pixels(overrides, products):
     """The fused step reads X as its integer levels k = rint(x x_levels) and scales its GEMMs by
-    1/x_levels (trainer/steps.py): with data.scale=byte x_levels is 1, k the byte itself."""
+    1/x_levels (trainer/gpu/fused_step.py): with data.scale=byte x_levels is 1, k the byte itself."""
     cfg = compose(overrides)
     assert gemm_products(gemm_mode(cfg), cfg.dtype.value, pixel_levels(cfg.data.scale.value)) == products
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("tf32=true", "tf32 is now gpu.gemm=tf32"),
+        ("tf32=false", "tf32 is now gpu.gemm: tf32=false is gpu.gemm=bf16x3 (the default), tf32x3 or sgemm"),
+        ("fp32_gemm=sgemm", "fp32_gemm is now gpu.gemm=sgemm"),
+        ("step=fused", "step is now gpu.step=fused"),
+        ("comm=nccl", "comm is now gpu.comm=nccl"),
+        ("overlap=always", "overlap is now gpu.overlap=always"),
+        ("nccl_window=never", "nccl_window is now gpu.nccl_window=never"),
+        ("profile=true", "profile is now gpu.profile=true"),
+        ("+fp32_gemm=tf32x3", "fp32_gemm is now gpu.gemm=tf32x3"),
+        ("fp32_gemm=sgemm,tf32x3", "fp32_gemm is now gpu.gemm=sgemm,tf32x3"),  # a sweep's values
+    ],
+)
+def test_old_spellings_name_the_new_key(override: str, message: str):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        check_old_keys(["hidden=64", override])
+
+
+def test_new_spellings_pass_the_old_keys_check():
+    check_old_keys(["-m", "hidden=64", "gpu.gemm=tf32", "gpu=tf32", "gpu.step=fused", "data.dir=x", "perf.repeats=2"])
+
+
+def test_old_spelling_fails_before_anything_starts(tmp_path):
+    """python -m trainer refuses a moved key with exit status 2 and the new key, before Hydra composes."""
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    result = subprocess.run(
+        [sys.executable, "-m", "trainer", "tf32=true"], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 2
+    assert "Error: tf32 is now gpu.gemm=tf32" in result.stderr
+
+
+def test_gpu_group_option_file_and_key_compose():
+    assert compose(["gpu=tf32"]).gpu.gemm.value == "tf32"
+    assert compose(["gpu.gemm=tf32"]).gpu.gemm.value == "tf32"
+    cfg = compose(["gpu=tf32", "gpu.overlap=never"])  # the option file's other keys keep their defaults
+    assert cfg.gpu.gemm.value == "tf32" and cfg.gpu.overlap.value == "never" and cfg.gpu.step.value == "auto"
+
+
+def test_paths_default_and_environment(monkeypatch):
+    monkeypatch.delenv("SWEEPSCALE_MNIST", raising=False)
+    assert compose([]).paths.mnist == "../shared/data/mnist"
+    monkeypatch.setenv("SWEEPSCALE_MNIST", "/data/mnist")
+    assert compose([]).paths.mnist == "/data/mnist"
+
+
+def test_paths_are_not_hashed(monkeypatch):
+    monkeypatch.delenv("SWEEPSCALE_MNIST", raising=False)
+    base = config_hash(compose([]))
+    assert config_hash(compose(["paths.mnist=/elsewhere"])) == base
+
+
+@pytest.mark.parametrize("preset", ["batch_study", "hidden_study", "lr_study", "scaling"])
+def test_presets_read_the_data_from_paths(preset, monkeypatch):
+    monkeypatch.delenv("SWEEPSCALE_MNIST", raising=False)
+    assert compose([f"+experiment={preset}"]).data.dir == "../shared/data/mnist"
+    monkeypatch.setenv("SWEEPSCALE_MNIST", "/data/mnist")
+    assert compose([f"+experiment={preset}"]).data.dir == "/data/mnist"
+    assert compose([f"+experiment={preset}", "paths.mnist=/mine"]).data.dir == "/mine"

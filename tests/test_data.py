@@ -10,7 +10,7 @@ import pytest
 
 from tests.conftest import write_idx_set
 from trainer import data
-from trainer.config import ConfigError
+from trainer.errors import ConfigError
 
 
 @pytest.mark.parametrize("gz", [True, False])
@@ -26,14 +26,14 @@ def test_idx_round_trip_scaled_to_unit_interval(tmp_path: Path, gz: bool):
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_pixels_are_integer_levels(idx_dir: Path, dtype: str):
-    """What the fused step's bf16x3 and two-product tf32x3 GEMMs rely on (trainer/steps.py, x_levels):
+    """What the fused step's bf16x3 and two-product tf32x3 GEMMs rely on (trainer/gpu/fused_step.py, x_levels):
     every pixel is k / PIXEL_LEVELS, and k = rint(x PIXEL_LEVELS) gives the file's bytes back."""
     raw = data.read_idx(data._find(idx_dir, data.FILES["train_images"]), data.IMAGES_MAGIC).reshape(-1, 784)
     ds = data.load(str(idx_dir), None, None, dtype)
     k = np.rint(ds.x_train * np.asarray(data.PIXEL_LEVELS, dtype=dtype))
     np.testing.assert_array_equal(k, raw)
     np.testing.assert_array_equal((k / np.asarray(data.PIXEL_LEVELS, dtype=dtype)).astype(dtype), ds.x_train)
-    assert k.max() <= 2**8  # exact in BF16 and TF32 (steps.BF16_EXACT_INTEGERS, TF32_EXACT_INTEGERS)
+    assert k.max() <= 2**8  # exact in BF16 and TF32 (trainer/gpu/policy.py BF16_EXACT_INTEGERS, TF32_EXACT_INTEGERS)
 
 
 def test_first_n_samples(idx_dir: Path):
@@ -112,9 +112,9 @@ def test_full_mnist_header_is_read_when_present():
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_byte_scale_gives_the_file_bytes(idx_dir: Path, dtype: str):
-    """data.scale=byte: the pixels as the seeds' read_mnist gives them, the bytes 0..255 unscaled;
+    """data.scale=byte: the pixels as the course's read_mnist gives them, the bytes 0..255 unscaled;
     unit is the same bytes / 255. Both are k / pixel_levels(scale) with k a byte, which the fused
-    step's x_levels relies on (trainer/steps.py: rint(x levels) is k, exact in BF16 and TF32)."""
+    step's x_levels relies on (trainer/gpu/fused_step.py: rint(x levels) is k, exact in BF16 and TF32)."""
     raw = data.read_idx(data._find(idx_dir, data.FILES["train_images"]), data.IMAGES_MAGIC).reshape(-1, 784)
     byte = data.load(str(idx_dir), None, None, dtype, scale="byte")
     unit = data.load(str(idx_dir), None, None, dtype, scale="unit")

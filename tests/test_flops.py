@@ -1,7 +1,7 @@
 """The performance model of trainer/flops.py: the peaks of each arithmetic, the course's bytes, the rooflines.
 
-Hand-computed values from the course's formulas (seeds 001 Problem 2, 002 Q2.3-2.5) and the
-project's own measurements (BENCHMARKS.md, one H200, B=3200).
+Hand-computed values from the course's formulas (the course's 001 Problem 2, 002 Q2.3-2.5) and the
+project's own measurements (docs/benchmarks.md, one H200, B=3200).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from trainer import flops
 
 D, C = 784, 10
 
-# The best times this project measured per GEMM mode on one H200 at B=3200 (BENCHMARKS.md "Where it
+# The best times this project measured per GEMM mode on one H200 at B=3200 (docs/benchmarks.md "Where it
 # stands" and the sections before it): (mode, products per GEMM, H, ms per step, ms of its GEMMs alone).
 # DGEMM was measured in whole runs only, at H=512 (the accuracy tables: 0.192 ms per batch); the
 # generic step ("ours generic") in float32 with SGEMM and with TF32 (CUPY_TF32) at H=2048.

@@ -9,9 +9,11 @@ from tests.conftest import gpu_available
 from tests.test_trainer_runs import COMMON, only_run, trainer
 from trainer import data, metrics, model
 from trainer.backend import select
-from trainer.config import ConfigError, Device
+from trainer.config import Device
+from trainer.errors import ConfigError
 from trainer.loop import Schedule, fit
-from trainer.steps import make_step
+from trainer.options import StepOptions
+from trainer.step import make_step
 
 
 @pytest.mark.gpu
@@ -102,7 +104,7 @@ def assert_fused_matches_generic(layout, x_host, y_host, schedule, gemm, x_level
         params = cupy.asarray(model.init_params(layout, 1, str(x_host.dtype)))
         fit(
             cupy, layout, params, x, y, schedule, on_epoch=lambda e, out=losses: out.append(e.losses),
-            step_kind=kind, gemm=gemm, x_levels=x_levels,
+            options=StepOptions(kind=kind, gemm=gemm, x_levels=x_levels),
         )  # fmt: skip
         results[kind] = (params.get(), np.concatenate(losses))
     (pg, lg), (pf, lf) = results["generic"], results["fused"]
@@ -119,7 +121,7 @@ def test_output_layer_block_shapes(warps, samples):
     block part-filled (n = 203) and H = 300 rows."""
     import cupy
 
-    from trainer.steps import FusedStep
+    from trainer.gpu.fused_step import FusedStep
 
     n, layout = 203, model.Layout(D=784, H=300)
     ds = data.load(None, n, None, "float32")
@@ -161,7 +163,7 @@ def test_prepared_batches_hold_what_prepare_x_writes(gemm, x_levels, blocks):
     gbuf = cupy.zeros(layout.size + 1, dtype=np.float32)
     x = cupy.asarray(ds.x_train)
     rows = [(0, 128), (128, 256), (256, 300), (300, 300)]
-    step = make_step("fused", cupy, layout, params, gbuf, 128, gemm, x_levels=x_levels)
+    step = make_step(StepOptions(kind="fused", gemm=gemm, x_levels=x_levels), cupy, layout, params, gbuf, 128)
     assert step.blocks == blocks
     prepared = step.prepare(x, rows)
     assert [len(p) for p in prepared] == [128, 128, 44, 0]
@@ -195,6 +197,7 @@ def test_overlapped_step_matches_serial_step(dtype, gemm, shuffle, tol):
     import cupy
 
     from trainer import parallel
+    from trainer.gpu.nccl import NcclAllreduce
 
     world = parallel.join_world(1)
     ds = data.load(None, 701, None, dtype)
@@ -206,9 +209,9 @@ def test_overlapped_step_matches_serial_step(dtype, gemm, shuffle, tol):
         losses = []
         params = cupy.asarray(model.init_params(layout, 1, dtype))
         fit(
-            cupy, layout, params, x, y, schedule, allreduce=parallel.NcclAllreduce(world, dtype),
-            on_epoch=lambda e, out=losses: out.append(e.losses), step_kind="fused", gemm=gemm, overlap=overlap,
-            x_levels=data.PIXEL_LEVELS,
+            cupy, layout, params, x, y, schedule, allreduce=NcclAllreduce(world, dtype),
+            on_epoch=lambda e, out=losses: out.append(e.losses),
+            options=StepOptions(kind="fused", gemm=gemm, overlap=overlap, x_levels=data.PIXEL_LEVELS),
         )  # fmt: skip
         results[overlap] = (params.get(), np.concatenate(losses))
     (ps, ls), (po, lo) = results[False], results[True]
@@ -220,7 +223,7 @@ def test_overlapped_step_matches_serial_step(dtype, gemm, shuffle, tol):
 def test_tf32x3_keeps_float32_accuracy():
     """One batch's loss gradient against float64: three TF32 products stay within a few times
     SGEMM's error (4.4-5.3x on an H100; the weights trained on full MNIST are as close to the
-    CPU's as SGEMM's: BENCHMARKS.md), and so do two with X as its pixels' integer levels (exact in
+    CPU's as SGEMM's: docs/benchmarks.md), and so do two with X as its pixels' integer levels (exact in
     TF32); plain TF32 is orders of magnitude off."""
     import cupy
 
@@ -239,7 +242,7 @@ def test_tf32x3_keeps_float32_accuracy():
     ):
         params = cupy.asarray(init.astype(np.float32))
         gbuf = cupy.zeros(layout.size + 1, dtype=np.float32)
-        step = make_step("fused", cupy, layout, params, gbuf, len(y), gemm, x_levels=x_levels)
+        step = make_step(StepOptions(kind="fused", gemm=gemm, x_levels=x_levels), cupy, layout, params, gbuf, len(y))
         assert step.blocks == {"tf32x3": 3, "tf32x2": 2, "bf16x3": 3}.get(name, 1)
         step.forward(x32, y)
         step.backward(x32, y, 1 / len(y))
@@ -262,12 +265,12 @@ def test_bf16x3_without_pixels_is_refused():
     params = cupy.asarray(model.init_params(layout, 0, "float32"))
     gbuf = cupy.zeros(layout.size + 1, dtype=np.float32)
     with pytest.raises(ValueError, match=r"gemm=bf16x3 needs inputs k / x_levels .* \(got None\); use tf32x3"):
-        make_step("fused", cupy, layout, params, gbuf, 64, "bf16x3")
+        make_step(StepOptions(kind="fused", gemm="bf16x3"), cupy, layout, params, gbuf, 64)
 
 
 @pytest.mark.gpu
 def test_tf32_run_stays_close_to_float32(idx_dir, mlflow_uri, tmp_path):
-    result = trainer([*COMMON[1:], "device=gpu", "tf32=true", f"data.dir={idx_dir}"], tmp_path)
+    result = trainer([*COMMON[1:], "device=gpu", "gpu.gemm=tf32", f"data.dir={idx_dir}"], tmp_path)
     assert result.returncode == 0, result.stderr
     _, run = only_run(mlflow_uri)
     assert run.data.tags["sweepscale.gemm"] == "tf32" and run.data.tags["sweepscale.gemm_products"] == "1"
@@ -282,12 +285,12 @@ def test_tf32_run_stays_close_to_float32(idx_dir, mlflow_uri, tmp_path):
         ("never", [], 1e-12, False, "symmetric", 1),  # float64: NCCL's regular kernels on the window's buffer
         ("always", [], 1e-12, True, "off", 1),  # DGEMM, like SGEMM: sums beside the GEMMs, no window (auto)
         ("always", ["hidden=1"], 1e-12, True, "off", 1),  # W1's second half has no rows: only b1, W2, b2, loss
-        ("always", ["dtype=float32", "fp32_gemm=tf32x3", "hidden=300"], 1e-5, True, "symmetric", 2),
-        # overlap=auto: on where it was measured to pay, not with tensor cores (default bf16x3). At H=2048 in
+        ("always", ["dtype=float32", "gpu.gemm=tf32x3", "hidden=300"], 1e-5, True, "symmetric", 2),
+        # gpu.overlap=auto: on where it was measured to pay, not with tensor cores (default bf16x3). At H=2048 in
         # float32 lr=0.3 amplifies rounding to 1e-3 in two epochs (with or without overlap): lr=0.01.
-        ("auto", ["dtype=float32", "fp32_gemm=sgemm", "hidden=2048", "lr=0.01"], 1e-5, True, "off", 1),
+        ("auto", ["dtype=float32", "gpu.gemm=sgemm", "hidden=2048", "lr=0.01"], 1e-5, True, "off", 1),
         ("auto", ["dtype=float32", "hidden=2048", "lr=0.01"], 1e-5, False, "symmetric", 3),  # bf16x3: 3 BF16 products
-        ("never", ["dtype=float32", "tf32=true", "nccl_window=never"], 1e-2, False, "off", 1),
+        ("never", ["dtype=float32", "gpu.gemm=tf32", "gpu.nccl_window=never"], 1e-2, False, "off", 1),
         ("always", ["dtype=float32", "hidden=300"], 1e-5, True, "symmetric", 3),  # bf16x3 overlapped
     ],
 )
@@ -299,7 +302,7 @@ def test_nccl_allreduce_matches_reference(
     in batches of 7 end with a batch of 1: a rank without rows must still join both halves' sums."""
     if gpu_count() < 2:
         pytest.skip("NCCL needs a GPU per rank: this machine has fewer than 2 GPUs")
-    args = [*COMMON, "device=gpu", "nproc=2", "comm=nccl", f"overlap={overlap}", f"data.dir={idx_dir}", *extra]
+    args = [*COMMON, "device=gpu", "nproc=2", "gpu.comm=nccl", f"gpu.overlap={overlap}", f"data.dir={idx_dir}", *extra]
     result = trainer(args, tmp_path)
     assert result.returncode == 0, result.stderr
     _, run = only_run(mlflow_uri)

@@ -1,4 +1,4 @@
-"""The seeds' MLP math: gradients against finite differences, NumPy and CuPy."""
+"""The course's MLP math: gradients against finite differences, NumPy and CuPy."""
 
 from __future__ import annotations
 
@@ -75,7 +75,7 @@ def test_init_is_seeded_and_unbiased():
 
 
 def test_init_schemes_differ_only_in_the_weights_scale():
-    """model.init: fan_in draws W ~ N(0, 1/fan_in), course W ~ 0.01 N(0, 1) (the seeds' C++); the same
+    """model.init: fan_in draws W ~ N(0, 1/fan_in), course W ~ 0.01 N(0, 1) (the course's C++); the same
     seed gives the same normal draws, and the biases are zero in both."""
     layout = model.Layout(D=784, H=512)
     fan_in = layout.views(model.init_params(layout, 5, "float64", "fan_in"))

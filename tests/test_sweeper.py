@@ -51,7 +51,7 @@ def compose_sweep(overrides: list[str]):
 
 
 def test_labels_name_points_by_what_varies():
-    from sweeper.plan import labels
+    from sweeper.points import labels
 
     points = [["hidden=512", "nproc=1", "epochs=2"], ["hidden=512", "nproc=2", "epochs=2"]]
     assert labels(points) == ["nproc=1", "nproc=2"]
@@ -59,16 +59,18 @@ def test_labels_name_points_by_what_varies():
 
 
 def test_slurm_shape_spreads_ranks_over_nodes():
-    from sweeper.plan import Point, slurm_shape, trainer_config
-    from trainer.config import ConfigError
+    from sweeper.plan import trainer_config
+    from sweeper.points import Point
+    from sweeper.runners.slurm import SlurmRunner
+    from trainer.errors import ConfigError
 
     cfg = compose_sweep(["launcher=slurm", "launcher.gpus_per_node=4", "launcher.max_nodes=2", "nproc=8"])
     point = Point(0, [], trainer_config(cfg), Path("."), "nproc=8")
-    shape = slurm_shape(point, cfg.launcher)
+    shape = SlurmRunner(cfg.launcher, Path("."), "test").shape(point)
     assert (shape.nodes, shape.tasks_per_node, shape.gpus_per_task) == (2, 4, 1)
     cfg = compose_sweep(["launcher=slurm", "launcher.gpus_per_node=4", "launcher.max_nodes=2", "nproc=9"])
     with pytest.raises(ConfigError, match=r"nproc=9 exceeds 2 node\(s\) x 4 ranks = 8; raise launcher.max_nodes"):
-        slurm_shape(Point(0, [], trainer_config(cfg), Path("."), "nproc=9"), cfg.launcher)
+        SlurmRunner(cfg.launcher, Path("."), "test").shape(Point(0, [], trainer_config(cfg), Path("."), "nproc=9"))
 
 
 def test_dry_run_lists_points_and_resources_without_submitting(tmp_path, mlflow_uri):
@@ -81,7 +83,7 @@ def test_dry_run_lists_points_and_resources_without_submitting(tmp_path, mlflow_
 
 
 def test_dry_run_on_slurm_shows_sbatch_lines(tmp_path, mlflow_uri):
-    args = ["nproc=1,2", "launcher=slurm", "launcher.ranks_per_node=2", "launcher.time_min=7", "--dry-run"]
+    args = ["nproc=1,2", "launcher=slurm", "launcher.ranks_per_node=2", "launcher.timeout_min=7", "--dry-run"]
     result = sweep(args, tmp_path)
     assert result.returncode == 0, result.stderr
     assert "#SBATCH --ntasks-per-node=2" in result.stdout and "#SBATCH --time=7" in result.stdout
@@ -176,7 +178,7 @@ def slurm_answers() -> bool:
 slurm = pytest.mark.skipif(
     not slurm_answers(), reason="no Slurm answers here (`sinfo` failed): CI starts one with scripts/slurm_up.sh"
 )
-SLURM = ["launcher=slurm", "launcher.ranks_per_node=2", "launcher.time_min=10"]
+SLURM = ["launcher=slurm", "launcher.ranks_per_node=2", "launcher.timeout_min=10"]
 
 
 @slurm

@@ -182,7 +182,7 @@ def test_bad_input_fails_before_any_rank_starts(tmp_path, mlflow_uri):
     assert not (tmp_path / "mlflow.db").exists()  # nothing half-written
 
 
-@pytest.mark.parametrize(("override", "key"), [("step=fused", "step"), ("comm=nccl", "comm")])
+@pytest.mark.parametrize(("override", "key"), [("gpu.step=fused", "gpu.step"), ("gpu.comm=nccl", "gpu.comm")])
 def test_gpu_only_choices_on_the_cpu_are_clear_errors(override, key, tmp_path, mlflow_uri):
     result = trainer([override, "device=cpu", "nproc=2"], tmp_path)
     assert result.returncode == 2
@@ -224,14 +224,16 @@ def test_repeats_below_one_are_refused(tmp_path, mlflow_uri):
 
 def performance_run(mlflow_uri: str, overrides: list[str], device_name: str, batch_ms: float):
     """record_performance on a real store for a GPU run at H=2048, B=3200 that took batch_ms a batch."""
-    from trainer.run import record_performance
+    from trainer.options import StepOptions
+    from trainer.record import record_performance
 
     cfg = compose(["hidden=2048", "batch_size=3200", *overrides])
     recorder = tracking.Recorder(mlflow_uri, "perf", None, {})
     backend = Backend(np, "gpu", device_name)
     phase_ms = {"forward": batch_ms / 2, "backward": batch_ms / 2, "batch": batch_ms}
-    record_performance(recorder, cfg, model.Layout(784, 2048), backend, phase_ms, 1, step="fused", products=3,
-                       comm="nccl", n_train=38400)  # fmt: skip
+    options = StepOptions(kind="fused", gemm=cfg.gpu.gemm.value, x_levels=255)  # bf16x3: 3 products
+    record_performance(recorder, cfg, model.Layout(784, 2048), backend, phase_ms, 1, options=options, comm="nccl",
+                       n_train=38400)  # fmt: skip
     recorder.finish()
     from mlflow.tracking import MlflowClient
 
@@ -239,9 +241,9 @@ def performance_run(mlflow_uri: str, overrides: list[str], device_name: str, bat
 
 
 def test_utilization_divides_by_the_peak_of_the_arithmetic_used(mlflow_uri):
-    """3xBF16 at H=2048 in 0.168 ms on an H200 (BENCHMARKS.md): over the BF16 tensor cores' peak
+    """3xBF16 at H=2048 in 0.168 ms on an H200 (docs/benchmarks.md): over the BF16 tensor cores' peak
     for three products, not over FP32's (which read 1.84)."""
-    run = performance_run(mlflow_uri, ["fp32_gemm=bf16x3"], "NVIDIA H200", 0.168)
+    run = performance_run(mlflow_uri, ["gpu.gemm=bf16x3"], "NVIDIA H200", 0.168)
     m, tags = run.data.metrics, run.data.tags
     tflops = (4 * 3200 * 2048 * 784 + 6 * 3200 * 2048 * 10) / 0.168e-3 / 1e12
     assert m[metrics.TFLOPS] == pytest.approx(tflops)
@@ -258,7 +260,7 @@ def test_utilization_divides_by_the_peak_of_the_arithmetic_used(mlflow_uri):
 def test_utilization_above_one_is_never_logged(mlflow_uri):
     """A configured peak below what the run reached (the FP32 peak for 3xBF16) is a wrong peak:
     no utilization, and a tag that says why."""
-    run = performance_run(mlflow_uri, ["fp32_gemm=bf16x3", "perf.peak_tflops=67"], "NVIDIA H200", 0.168)
+    run = performance_run(mlflow_uri, ["gpu.gemm=bf16x3", "perf.peak_tflops=67"], "NVIDIA H200", 0.168)
     assert metrics.UTILIZATION not in run.data.metrics
     error = run.data.tags[metrics.TAG_UTILIZATION_ERROR]
     assert "would be 1.86 of the peak, 67 TFLOP/s per device" in error

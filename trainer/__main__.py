@@ -7,7 +7,8 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from trainer.config import register
+from trainer.config import check_old_keys, register
+from trainer.errors import ConfigError
 from trainer.run import main as run_main
 
 register()
@@ -21,4 +22,9 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    try:
+        check_old_keys(sys.argv[1:])  # moved keys (tf32=true, step=fused, ...) fail before anything starts
+    except ConfigError as e:
+        print(f"Error: {e}", file=sys.stderr)
+        sys.exit(2)
     main()

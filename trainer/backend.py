@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from trainer.config import ConfigError, Device
+from trainer.errors import ConfigError
 
 
 @dataclass
@@ -32,10 +32,11 @@ def gpu_count() -> int:
         return 0
 
 
-def select(device: Device, local_rank: int) -> Backend:
-    """NumPy, or CuPy on GPU ``local_rank mod count`` (one GPU per rank on each node)."""
-    n_gpus = 0 if device == Device.cpu else gpu_count()
-    if device == Device.gpu and n_gpus == 0:
+def select(device: str, local_rank: int) -> Backend:
+    """NumPy, or CuPy on GPU ``local_rank mod count`` (one GPU per rank on each node). ``device``:
+    auto, cpu or gpu (config ``device``, a str enum)."""
+    n_gpus = 0 if device == "cpu" else gpu_count()
+    if device == "gpu" and n_gpus == 0:
         raise ConfigError(
             "device=gpu but no GPU is usable here (CuPy missing or no CUDA device): install the "
             "`cuda12` or `cuda13` extra on a GPU machine, or set device=cpu (or auto)"

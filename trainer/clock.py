@@ -19,7 +19,7 @@ class PhaseClock:
         self.phases = phases
         self.gpu = gpu
         self.nvtx = None
-        if nvtx and gpu:  # ranges per phase for Nsight Systems, as the seeds' code had
+        if nvtx and gpu:  # ranges per phase for Nsight Systems, as the course's code had
             from cupy.cuda import nvtx as cupy_nvtx
 
             self.nvtx = cupy_nvtx

@@ -1,10 +1,10 @@
 """Typed schema of the trainer's configuration, registered in Hydra's ConfigStore.
 
-The values live in ``conf/trainer.yaml`` (and the sweeper's presets); the types live here, so
-Hydra itself rejects unknown keys (``Key 'hiden' not in 'TrainerConfig'``) and ill-typed values
-(``Value 'abc' of type 'str' could not be converted to Integer``). Range checks that a type
-cannot express are in :func:`validate`, which runs before any rank starts or any job is
-submitted.
+The values live in ``conf/base/trainer.yaml``, ``conf/gpu/`` and ``conf/paths/`` (and the
+sweeper's presets); the types live here, so Hydra itself rejects unknown keys (``Key 'hiden' not
+in 'TrainerConfig'``) and ill-typed values (``Value 'abc' of type 'str' could not be converted to
+Integer``). Range checks that a type cannot express are in :func:`validate`, which runs before any
+rank starts or any job is submitted; :func:`check_old_keys` refuses the keys that moved.
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
 
+from trainer.errors import ConfigError
+
 
 class Device(str, Enum):
     auto = "auto"
@@ -28,29 +30,30 @@ class Device(str, Enum):
 class Step(str, Enum):
     auto = "auto"  # fused on the GPU, generic on the CPU
     generic = "generic"  # model.py, one array op per kernel: the readable reference
-    fused = "fused"  # trainer/steps.py's fused kernels (GPU only)
+    fused = "fused"  # trainer/gpu/fused_step.py's fused kernels (GPU only)
 
 
 class Comm(str, Enum):
     auto = "auto"  # NCCL when every rank has its own GPU, else MPI
-    nccl = "nccl"  # cupy.cuda.nccl, device buffers
-    mpi = "mpi"  # the seeds' scheme: host-staged MPI_Allreduce through pinned buffers
+    nccl = "nccl"  # NCCL on device buffers
+    mpi = "mpi"  # the course's scheme: host-staged MPI_Allreduce through pinned buffers
 
 
-class Fp32Gemm(str, Enum):
-    sgemm = "sgemm"  # cuBLAS SGEMM on the CUDA cores
+class Gemm(str, Enum):
+    bf16x3 = "bf16x3"  # float32 accuracy from three BF16 tensor-core products, pixels only
     tf32x3 = "tf32x3"  # float32 accuracy from TF32 tensor-core products: two on pixels, three otherwise
-    bf16x3 = "bf16x3"  # float32 accuracy from three BF16 tensor-core products, pixels only (trainer/steps.py)
+    sgemm = "sgemm"  # cuBLAS SGEMM on the CUDA cores
+    tf32 = "tf32"  # one TF32 tensor-core product (CUPY_TF32=1 for CuPy's own matmuls too): not float32 accuracy
 
 
 class Overlap(str, Enum):
-    auto = "auto"  # where it was measured to pay: SGEMM at H=2048 (trainer/run.py OVERLAP_PAYS)
+    auto = "auto"  # where it was measured to pay (trainer/gpu/policy.py OVERLAP_PAYS)
     always = "always"  # whenever the fused step sums with NCCL (nproc > 1): W1's gradient in halves
     never = "never"  # all-reduce after the backward pass
 
 
 class NcclWindow(str, Enum):
-    auto = "auto"  # where it was measured to pay: all but sums beside SGEMMs (trainer/run.py window_wanted)
+    auto = "auto"  # where it was measured to pay: all but sums beside SGEMMs (trainer/gpu/policy.py)
     always = "always"  # NCCL 2.27+: the gradient in a symmetric memory window, summed by NCCL's symmetric kernels
     never = "never"  # a plain device buffer, NCCL's regular kernels
 
@@ -62,33 +65,33 @@ class DType(str, Enum):
 
 class Init(str, Enum):
     fan_in = "fan_in"  # W ~ N(0, 1/fan_in), b = 0: pre-activations of order one on [0, 1] pixels
-    course = "course"  # W = 0.01 N(0, 1), b = 0: the seeds' C++ (NeuralNetwork(): 0.01 * arma::randn, b.zeros)
+    course = "course"  # W = 0.01 N(0, 1), b = 0: the course's C++ (NeuralNetwork(): 0.01 * arma::randn, b.zeros)
 
 
 class PixelScale(str, Enum):
     unit = "unit"  # k / 255, in [0, 1]
-    byte = "byte"  # k itself, 0..255: the seeds' read_mnist casts each byte to nn_real, unscaled
+    byte = "byte"  # k itself, 0..255: the course's read_mnist casts each byte to nn_real, unscaled
 
 
 @dataclass
 class DataConfig:
     # Folder with the four IDX files (gzip or raw). None: the embedded handwritten digits.
     dir: str | None = MISSING
-    # Take the first N samples (None: all). The seeds use n_train=38400.
+    # Take the first N samples (None: all). The course uses n_train=38400.
     n_train: int | None = MISSING
     n_test: int | None = MISSING
     # Batches are taken in order unless asked; the permutation of each epoch is seeded.
     shuffle: bool = MISSING
     # Keep the training set on the device for the whole run (one upload) instead of copying
-    # each batch from pinned host memory, as the seeds' code did.
+    # each batch from pinned host memory, as the course's code did.
     on_device: bool = MISSING
-    # Pixel values the model sees: unit (k / 255) or byte (k, as the seeds' code reads them).
+    # Pixel values the model sees: unit (k / 255) or byte (k, as the course's code reads them).
     scale: PixelScale = MISSING
 
 
 @dataclass
 class ModelConfig:
-    # Initial weights (biases are zero either way): fan_in or course (the seeds' 0.01 N(0, 1)).
+    # Initial weights (biases are zero either way): fan_in or course (the course's 0.01 N(0, 1)).
     init: Init = MISSING
 
 
@@ -145,6 +148,23 @@ class FaultConfig:
 
 
 @dataclass
+class GpuConfig:
+    # How the step runs on GPUs (values: conf/gpu/default.yaml; the CPU ignores them).
+    step: Step = MISSING  # auto | generic | fused: the step's implementation
+    comm: Comm = MISSING  # auto | nccl | mpi: how gradients are all-reduced
+    gemm: Gemm = MISSING  # the float32 GEMMs: bf16x3 | tf32x3 | sgemm (float32 accuracy) | tf32
+    overlap: Overlap = MISSING  # fused step with NCCL: all-reduce behind the step's compute
+    nccl_window: NcclWindow = MISSING  # NCCL 2.27+: the gradient in a symmetric memory window
+    profile: bool = MISSING  # NVTX ranges per phase, for Nsight Systems
+
+
+@dataclass
+class PathsConfig:
+    # Where data lives on this machine (conf/paths/default.yaml; environment-overridable). Not hashed.
+    mnist: str = MISSING  # the folder of the MNIST IDX files the presets read
+
+
+@dataclass
 class TrainerConfig:
     # Values marked MISSING come from conf/trainer.yaml (one home for each value).
     # The five keys users sweep.
@@ -158,13 +178,8 @@ class TrainerConfig:
     dtype: DType = MISSING
     device: Device = MISSING
     seed: int = MISSING
-    step: Step = MISSING
-    comm: Comm = MISSING
-    tf32: bool = MISSING  # float32 storage, TF32 tensor-core GEMMs
-    fp32_gemm: Fp32Gemm = MISSING  # the fused step's float32 GEMMs when tf32=false
-    overlap: Overlap = MISSING  # fused step with NCCL: all-reduce behind the step's compute
-    nccl_window: NcclWindow = MISSING  # NCCL 2.27+: the gradient in a symmetric memory window
-    profile: bool = MISSING  # NVTX ranges per phase, for Nsight Systems
+    gpu: GpuConfig = field(default_factory=GpuConfig)
+    paths: PathsConfig = field(default_factory=PathsConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     check: CheckConfig = field(default_factory=CheckConfig)
@@ -175,12 +190,8 @@ class TrainerConfig:
     fault: FaultConfig = field(default_factory=FaultConfig)
 
 
-class ConfigError(ValueError):
-    """Bad user input, reported before any training; the message names the key and the fix."""
-
-
-# Groups that say how and where a run is recorded or started, not what it computes.
-NOT_HASHED = ("mlflow", "mpi")
+# Groups that say how and where a run is recorded or started, or where its data lives, not what it computes.
+NOT_HASHED = ("mlflow", "mpi", "paths")
 
 
 def config_hash(cfg: Any) -> str:
@@ -226,8 +237,8 @@ def validate(cfg: TrainerConfig) -> None:
     ]
     checks.append(
         (
-            not (cfg.tf32 and cfg.dtype == DType.float64),
-            "tf32=true needs dtype=float32 (TF32 is a float32 GEMM mode); drop tf32 or use float32",
+            not (cfg.gpu.gemm == Gemm.tf32 and cfg.dtype == DType.float64),
+            "gpu.gemm=tf32 needs dtype=float32 (TF32 is a float32 GEMM mode); choose another gpu.gemm or float32",
         )
     )
     checks.append(
@@ -240,3 +251,32 @@ def validate(cfg: TrainerConfig) -> None:
     for ok, message in checks:
         if not ok:
             raise ConfigError(message)
+
+
+# Keys that moved into the gpu group: old spelling -> new key.
+OLD_KEYS = {
+    "step": "gpu.step",
+    "comm": "gpu.comm",
+    "tf32": "gpu.gemm",
+    "fp32_gemm": "gpu.gemm",
+    "overlap": "gpu.overlap",
+    "nccl_window": "gpu.nccl_window",
+    "profile": "gpu.profile",
+}
+
+
+def check_old_keys(overrides: list[str]) -> None:
+    """Refuse the old spellings of the gpu group's keys (``tf32=true``, ``step=fused``, ...) before
+    anything starts. Raises ConfigError naming the new key, e.g. "tf32 is now gpu.gemm=tf32"."""
+    for arg in overrides:
+        if arg.startswith("-"):  # --multirun, -m, --dry-run, ...
+            continue
+        key, _, value = arg.lstrip("+~").partition("=")
+        if key not in OLD_KEYS:
+            continue
+        new = OLD_KEYS[key]
+        if key == "tf32":
+            if value.lower() in ("true", "1", "yes", "on"):
+                raise ConfigError("tf32 is now gpu.gemm=tf32 (one TF32 product); set gpu.gemm=tf32 or gpu=tf32")
+            raise ConfigError(f"tf32 is now gpu.gemm: tf32={value} is gpu.gemm=bf16x3 (the default), tf32x3 or sgemm")
+        raise ConfigError(f"{key} is now {new}" + (f"={value}; set {new}={value}" if value else f"; set {new}"))

@@ -1,7 +1,7 @@
 """Training and test data: IDX files (MNIST, Fashion-MNIST) or the embedded handwritten digits.
 
 Images come back as float arrays of shape (N, 784), labels as int64 (N,). The pixels are k / 255 in
-[0, 1] (scale "unit") or the bytes k themselves (scale "byte", as the seeds' C++ reads them).
+[0, 1] (scale "unit") or the bytes k themselves (scale "byte", as the course's C++ reads them).
 Everything here runs on the host; the trainer decides what goes to the device.
 """
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from trainer.config import ConfigError
+from trainer.errors import ConfigError
 
 # IDX magic numbers: 0x00 0x00, type 0x08 (unsigned byte), number of dimensions.
 IMAGES_MAGIC = 0x00000803
@@ -23,10 +23,10 @@ LABELS_MAGIC = 0x00000801
 SIDE = 28
 N_CLASSES = 10
 # Pixels are bytes: load() gives k / PIXEL_LEVELS, k an integer in 0..255. The GPU's float32-accurate
-# tensor-core GEMMs rely on it (trainer/steps.py): k is exact in TF32, k / 255 is not.
+# tensor-core GEMMs rely on it (trainer/gpu/fused_step.py): k is exact in TF32, k / 255 is not.
 PIXEL_LEVELS = 255
-# data.scale -> the x_levels of the fused step (trainer/steps.py): every pixel is k / levels, k a byte.
-# unit: k / 255 in [0, 1]; byte: k itself (levels 1), the seeds' read_mnist: (nn_real)temp, unscaled.
+# data.scale -> the x_levels of the fused step (trainer/gpu/fused_step.py): every pixel is k / levels, k a byte.
+# unit: k / 255 in [0, 1]; byte: k itself (levels 1), the course's read_mnist: (nn_real)temp, unscaled.
 SCALE_LEVELS = {"unit": PIXEL_LEVELS, "byte": 1}
 
 FILES = {

@@ -1,4 +1,4 @@
-"""The seeds' performance model: FLOPs and bytes per batch, datasheet peaks, the roofline.
+"""The course's performance model: FLOPs and bytes per batch, datasheet peaks, the roofline.
 
 CME 213 HW6 Problem 2 and the final project, Q2.3-2.5: the one home of the FLOP and byte model
 and of the peaks. D inputs, H hidden units, C classes, B samples in the (global) batch. Additions
@@ -98,7 +98,7 @@ PEAKS: list[tuple[str, dict[str, float]]] = [
 ]
 
 # The arithmetic each GEMM mode runs on (trainer/run.py gemm_mode, the generic step's plain dtypes)
-# and the products it takes per model GEMM at fewest (trainer/steps.py gemm_products: tf32x3 takes
+# and the products it takes per model GEMM at fewest (trainer/gpu/policy.py gemm_products: tf32x3 takes
 # 2 on the pixels, which are exact in TF32, and 3 on other inputs).
 GEMM_ARITHMETIC: dict[str, tuple[str, int]] = {
     "sgemm": ("fp32", 1),

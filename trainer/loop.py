@@ -8,18 +8,20 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from trainer import model
 from trainer.clock import PhaseClock
+from trainer.options import StepOptions
 from trainer.parallel import gradient_buffer
-from trainer.steps import make_step
+from trainer.step import make_step
 
 # Phases timed in every batch, in order; "batch" is their sum.
 STEP_PHASES = ("h2d", "forward", "backward", "allreduce", "update")
+GENERIC = StepOptions()  # the generic step: the readable reference, the CPU ranks and the sequential check
 
 
 @dataclass(frozen=True)
@@ -76,7 +78,7 @@ def sgd_step(
     clock: PhaseClock | None = None,
 ) -> None:
     """forward -> backward -> all-reduce -> update for this rank's rows of one global batch
-    (``step``: trainer/steps.py, which owns the gradient buffer and the all-reduce)."""
+    (``step``: trainer/step.py make_step, which owns the gradient buffer and the all-reduce)."""
     if len(yb):
         step.forward(xb, yb)
     if clock:
@@ -108,23 +110,19 @@ def fit(
     clock: PhaseClock | None = None,
     on_epoch: Callable[[EpochResult], None] | None = None,
     fault_iteration: int | None = None,
-    step_kind: str = "generic",
-    gemm: str = "sgemm",
-    overlap: bool = False,
-    x_levels: int | None = None,
+    options: StepOptions = GENERIC,
 ) -> Any:
     """Train ``params`` (a flat xp array, updated in place) and return it.
 
     ``x``/``y`` hold the whole training set, on the device or on the host; a host array is
     copied to the device one slice per batch (the "h2d" phase). Every rank runs this with the
     same params and schedule; ``allreduce`` sums the flat gradient buffer over the ranks.
-    ``step_kind`` picks the implementation of the step and ``gemm`` how its float32 GEMMs run
-    (trainer/steps.py); ``overlap`` hides an NCCL all-reduce behind the fused step's compute;
-    ``x_levels`` promises that x is k / x_levels with k an integer (trainer/steps.py make_step).
+    ``options`` (trainer/options.py) picks the implementation of the step and how it runs
+    (trainer/step.py make_step); the default is the generic step.
     """
     gbuf = gradient_buffer(allreduce, xp, layout.size + 1, params.dtype)  # gradient, then summed cross-entropy
     max_rows = -(-schedule.batch_size // size)
-    step = make_step(step_kind, xp, layout, params, gbuf, max_rows, gemm, allreduce, overlap, x_levels)
+    step = make_step(options, xp, layout, params, gbuf, max_rows, allreduce)
     n = len(y)
     n_batches = -(-n // schedule.batch_size)
     bounds = []  # per batch: its global [start, stop) and this rank's [lo, hi) of it
@@ -168,24 +166,3 @@ def fit(
         if on_epoch:
             on_epoch(EpochResult(epoch, iteration - n_batches, host_losses, sizes, seconds))
     return params
-
-
-def time_first_epoch(
-    xp: Any,
-    layout: model.Layout,
-    params: Any,
-    x: Any,
-    y: Any,
-    schedule: Schedule,
-    clock: PhaseClock,
-    rank: int = 0,
-    size: int = 1,
-    allreduce: Callable[[Any], None] | None = None,
-    **step_options: Any,
-) -> float:
-    """Train ``params`` (a scratch copy: it is updated) on the first epoch's batches once more,
-    timing every batch with ``clock``, and return the median batch time in ms: one timing repeat
-    (config ``perf.repeats``). Every rank runs it (the all-reduce is collective); the training
-    run's own weights, losses and timings are not touched. ``step_options``: fit's step keywords."""
-    fit(xp, layout, params, x, y, replace(schedule, epochs=1), rank, size, allreduce, clock, **step_options)
-    return clock.medians()["batch"]

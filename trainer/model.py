@@ -1,4 +1,4 @@
-"""The seeds' two-layer MLP (appendix C of CME 213 HW6), written once against an array module.
+"""The course's two-layer MLP (appendix C of CME 213 HW6), written once against an array module.
 
 Every function takes arrays and returns arrays (or writes into arrays it is given); ``xp`` is
 NumPy or CuPy, found from the arguments, so the CPU reference and the GPU ranks run this code.
@@ -67,7 +67,7 @@ class Layout:
 
 # Initial weights, per scheme (model.init); biases start at zero in both.
 #   fan_in: W ~ N(0, 1/fan_in), pre-activations of order one on [0, 1] pixels whatever the width.
-#   course: W ~ 0.01 N(0, 1), the seeds' C++ (NeuralNetwork(): W[i] = 0.01 * arma::randn(...)).
+#   course: W ~ 0.01 N(0, 1), the course's C++ (NeuralNetwork(): W[i] = 0.01 * arma::randn(...)).
 INITS = ("fan_in", "course")
 COURSE_STD = 0.01
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from trainer.config import ConfigError
+from trainer.errors import ConfigError
 
 # Set by MPICH/Hydra and PMI2 (PMI_*), Open MPI (OMPI_*) and PMIx (PMIX_*) in every rank.
 LAUNCHER_ENV = ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK")
@@ -113,7 +113,7 @@ def join_world(nproc: int) -> World:
 
 
 class HostAllreduce:
-    """Sum a flat buffer over all ranks with MPI through host memory (the seeds' scheme).
+    """Sum a flat buffer over all ranks with MPI through host memory (the course's scheme).
 
     On the GPU the buffer is staged through a pinned host copy: the MPI here is not CUDA-aware.
     """
@@ -123,6 +123,7 @@ class HostAllreduce:
 
         self.comm, self.size, self.in_place = world.comm, world.size, MPI.IN_PLACE
         self.on_gpu = xp is not np
+        self.via = "mpi" if self.on_gpu else "host"  # how the sums go (trainer/flops.py COMMS)
         self.host = None
         if self.on_gpu and self.size > 1:
             import cupyx
@@ -140,88 +141,12 @@ class HostAllreduce:
         buf.set(self.host)
 
 
-# Thread blocks of NCCL's symmetric all-reduce kernel (NCCL_SYM_CTAS, unless the environment sets
-# it): NCCL's own choice, 7, summed the 6.5 MB gradient in 35 us at 2 H200s and 45 at 4; 16 blocks
-# in 30 and 44; 32 in 30 and 42, the 4-GPU TF32 step 0.190 ms against 0.194 (64: no better;
-# BENCHMARKS.md).
-WINDOW_CTAS = 32
-
-
-class NcclAllreduce:
-    """Sum a flat device buffer over all ranks with NCCL, in place: on the current stream
-    (``__call__``), or on a side stream beside the compute (``start``).
-
-    The unique id travels over MPI; each rank must have a GPU of its own. ``max_ctas`` caps the
-    thread blocks NCCL takes per GPU (NCCL_MAX_CTAS, unless the environment sets it): fewer
-    blocks take longer alone but slow a concurrent GEMM less (benchmarks/gpu_overlap.py).
-    ``window``: ``empty`` gives buffers in an NCCL symmetric memory window where the library has
-    them (NCCL 2.27+), so NCCL can sum them with its symmetric kernels (trainer/nccl.py); the
-    buffer to sum must come from ``empty`` for that. ``window_state`` says what was done."""
-
-    def __init__(self, world: World, dtype: Any, max_ctas: int | None = None, window: bool = False) -> None:
-        import cupy
-
-        from trainer import nccl
-
-        if max_ctas:  # NCCL reads it when the process's first communicator is created
-            os.environ.setdefault("NCCL_MAX_CTAS", str(max_ctas))
-        if window:
-            os.environ.setdefault("NCCL_SYM_CTAS", str(WINDOW_CTAS))
-        lib = nccl.library()
-        uid = world.comm.bcast(nccl.Communicator.unique_id(lib) if world.rank == 0 else None)
-        self.comm = nccl.Communicator(lib, uid, world.size, world.rank)
-        self.cupy, self.dtype, self.nccl_dtype = cupy, np.dtype(dtype), nccl.DTYPES[np.dtype(dtype)]
-        if not window:
-            self.window_state = "off"
-        elif nccl.version(lib) < nccl.WINDOWS_SINCE:
-            self.window_state = f"unavailable: NCCL {nccl.version(lib)} has no windows (2.27 or later)"
-        else:
-            self.window_state = "symmetric"
-        # The side stream: non-blocking (no implicit synchronisation with the default stream) and
-        # of the highest priority (-100 is clamped to it), so NCCL's blocks are scheduled ahead of
-        # the compute's queued ones: the overlapped step at 4 GPUs took 0.62 ms so, 0.66 ms with a
-        # default-priority stream (BENCHMARKS.md).
-        self.runtime = runtime = cupy.cuda.runtime
-        self.side = runtime.streamCreateWithPriority(runtime.streamNonBlocking, -100)  # lives with the process
-        self.ready = cupy.cuda.Event(disable_timing=True)
-
-    def empty(self, n: int) -> Any:
-        """A device buffer of n elements for the sums: in the symmetric window when there is one
-        (a collective call: every rank asks for the same n)."""
-        if self.window_state == "symmetric":
-            try:
-                return self.comm.window_buffer(n, self.dtype)
-            except RuntimeError as e:  # e.g. NCCL without cuMem (NCCL_CUMEM_ENABLE=0): sum a plain buffer
-                self.window_state = f"unavailable: {e}"
-        return self.cupy.empty(n, dtype=self.dtype)
-
-    def __call__(self, buf: Any) -> None:
-        self.sum_on(buf, self.cupy.cuda.get_current_stream().ptr)
-
-    def start(self, buf: Any, done: Any) -> None:
-        """Queue the sum of ``buf`` on the side stream once the work queued so far on the current
-        stream is done, and record ``done`` (a cupy Event) after it. Nothing waits here: the
-        caller makes its stream wait for ``done`` where it needs the sum."""
-        self.ready.record()
-        self.runtime.streamWaitEvent(self.side, self.ready.ptr)  # this record: ``ready`` may be recorded again
-        self.sum_on(buf, self.side)
-        self.runtime.eventRecord(done.ptr, self.side)
-
-    def sum_on(self, buf: Any, stream: int) -> None:
-        """Queue the in-place sum of ``buf`` on the stream with this handle."""
-        self.comm.all_reduce(buf.data.ptr, buf.size, self.nccl_dtype, stream)
-
-
 def gradient_buffer(allreduce: Any, xp: Any, n: int, dtype: Any) -> Any:
     """The flat buffer the step fills and ``allreduce`` sums: from the all-reduce where it has a
     place of its own for it (NCCL's window), else a plain array."""
-    if isinstance(allreduce, NcclAllreduce):
+    if getattr(allreduce, "via", None) == "nccl":
         return allreduce.empty(n)
     return xp.empty(n, dtype=dtype)
-
-
-# NCCL's blocks per GPU when its sums run beside the step's GEMMs: 8 beat NCCL's default (BENCHMARKS.md).
-OVERLAP_MAX_CTAS = 8
 
 
 def make_allreduce(
@@ -237,13 +162,16 @@ def make_allreduce(
 ) -> Any:
     """comm=auto: NCCL on GPUs when every rank of this node has a GPU of its own, else MPI.
     ``beside_gemm``: NCCL's sums will run beside the step's GEMMs (fewer blocks); ``window``:
-    NCCL sums buffers of a symmetric memory window (``NcclAllreduce``)."""
+    NCCL sums buffers of a symmetric memory window (trainer/gpu/nccl.py NcclAllreduce). The
+    result's ``via`` says how it sums: nccl, mpi (staged through host memory) or host."""
     own_gpu = on_gpu and n_gpus >= world.local_size
     if comm == "nccl" and not own_gpu:
         raise ConfigError(
-            f"comm=nccl needs one GPU per rank ({world.local_size} ranks on this node, {n_gpus} GPUs); "
-            "use comm=mpi or comm=auto"
+            f"gpu.comm=nccl needs one GPU per rank ({world.local_size} ranks on this node, {n_gpus} GPUs); "
+            "use gpu.comm=mpi or gpu.comm=auto"
         )
     if world.size > 1 and (comm == "nccl" or (comm == "auto" and own_gpu)):
-        return NcclAllreduce(world, dtype, OVERLAP_MAX_CTAS if beside_gemm else None, window)
+        from trainer.gpu.nccl import NcclAllreduce
+
+        return NcclAllreduce(world, dtype, beside_gemm, window)
     return HostAllreduce(world, xp, n, dtype)

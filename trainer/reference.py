@@ -1,4 +1,4 @@
-"""The seeds' correctness check: train the same network sequentially with NumPy and compare.
+"""The course's correctness check: train the same network sequentially with NumPy and compare.
 
 The reference weights depend on the model (its layout and init), the data (and its pixel scale),
 the schedule, the dtype and the seed, never on nproc, the device or the communication, so they are

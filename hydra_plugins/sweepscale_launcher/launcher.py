@@ -25,9 +25,10 @@ class SweepscaleLauncher(Launcher):
         self.hydra_context, self.config = hydra_context, config
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
-        from sweeper.plan import Point, labels, trainer_config
+        from sweeper.plan import trainer_config
+        from sweeper.points import Point, labels
         from sweeper.sweep import run_sweep
-        from trainer.config import ConfigError
+        from trainer.errors import ConfigError
 
         sweep_dir = Path(str(self.config.hydra.sweep.dir)).resolve()
         points = []

@@ -4,15 +4,22 @@ CuPy's binding (cupy.cuda.nccl) has no calls for NCCL's memory windows (NCCL 2.2
 ``ncclMemAlloc`` memory registered on every rank with ``ncclCommWindowRegister(...,
 NCCL_WIN_COLL_SYMMETRIC)`` lets NCCL run its symmetric kernels, which read and write the peers'
 buffers directly over NVLink. So the trainer talks to the library CuPy loaded (the same
-libnccl) itself, with these few calls.
+libnccl) itself, with these few calls. NcclAllreduce is the all-reduce that
+trainer/parallel.py's make_allreduce gives the step on GPUs with NCCL.
 """
 
 from __future__ import annotations
 
 import ctypes
-from typing import Any
+import os
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+from trainer.gpu.policy import OVERLAP_MAX_CTAS, WINDOW_CTAS
+
+if TYPE_CHECKING:
+    from trainer.parallel import World
 
 FLOAT32, FLOAT64, SUM = 7, 8, 0  # ncclFloat32, ncclFloat64, ncclSum
 WIN_COLL_SYMMETRIC = 0x01
@@ -97,3 +104,69 @@ class Communicator:
         )
         memory = cupy.cuda.UnownedMemory(ptr.value, nbytes, owner=self)
         return cupy.ndarray((n,), dtype=dtype, memptr=cupy.cuda.MemoryPointer(memory, 0))
+
+
+class NcclAllreduce:
+    """Sum a flat device buffer over all ranks with NCCL, in place: on the current stream
+    (``__call__``), or on a side stream beside the compute (``start``).
+
+    The unique id travels over MPI; each rank must have a GPU of its own. ``beside_gemm`` caps the
+    thread blocks NCCL takes per GPU (NCCL_MAX_CTAS, unless the environment sets it: policy.py
+    OVERLAP_MAX_CTAS): fewer blocks take longer alone but slow a concurrent GEMM less.
+    ``window``: ``empty`` gives buffers in an NCCL symmetric memory window where the library has
+    them (NCCL 2.27+), so NCCL can sum them with its symmetric kernels; the
+    buffer to sum must come from ``empty`` for that. ``window_state`` says what was done."""
+
+    via = "nccl"  # how the sums go (trainer/flops.py COMMS)
+
+    def __init__(self, world: World, dtype: Any, beside_gemm: bool = False, window: bool = False) -> None:
+        import cupy
+
+        max_ctas = OVERLAP_MAX_CTAS if beside_gemm else None
+        if max_ctas:  # NCCL reads it when the process's first communicator is created
+            os.environ.setdefault("NCCL_MAX_CTAS", str(max_ctas))
+        if window:
+            os.environ.setdefault("NCCL_SYM_CTAS", str(WINDOW_CTAS))
+        lib = library()
+        uid = world.comm.bcast(Communicator.unique_id(lib) if world.rank == 0 else None)
+        self.comm = Communicator(lib, uid, world.size, world.rank)
+        self.cupy, self.dtype, self.nccl_dtype = cupy, np.dtype(dtype), DTYPES[np.dtype(dtype)]
+        if not window:
+            self.window_state = "off"
+        elif version(lib) < WINDOWS_SINCE:
+            self.window_state = f"unavailable: NCCL {version(lib)} has no windows (2.27 or later)"
+        else:
+            self.window_state = "symmetric"
+        # The side stream: non-blocking (no implicit synchronisation with the default stream) and
+        # of the highest priority (-100 is clamped to it), so NCCL's blocks are scheduled ahead of
+        # the compute's queued ones: the overlapped step at 4 GPUs took 0.62 ms so, 0.66 ms with a
+        # default-priority stream (docs/benchmarks.md).
+        self.runtime = runtime = cupy.cuda.runtime
+        self.side = runtime.streamCreateWithPriority(runtime.streamNonBlocking, -100)  # lives with the process
+        self.ready = cupy.cuda.Event(disable_timing=True)
+
+    def empty(self, n: int) -> Any:
+        """A device buffer of n elements for the sums: in the symmetric window when there is one
+        (a collective call: every rank asks for the same n)."""
+        if self.window_state == "symmetric":
+            try:
+                return self.comm.window_buffer(n, self.dtype)
+            except RuntimeError as e:  # e.g. NCCL without cuMem (NCCL_CUMEM_ENABLE=0): sum a plain buffer
+                self.window_state = f"unavailable: {e}"
+        return self.cupy.empty(n, dtype=self.dtype)
+
+    def __call__(self, buf: Any) -> None:
+        self.sum_on(buf, self.cupy.cuda.get_current_stream().ptr)
+
+    def start(self, buf: Any, done: Any) -> None:
+        """Queue the sum of ``buf`` on the side stream once the work queued so far on the current
+        stream is done, and record ``done`` (a cupy Event) after it. Nothing waits here: the
+        caller makes its stream wait for ``done`` where it needs the sum."""
+        self.ready.record()
+        self.runtime.streamWaitEvent(self.side, self.ready.ptr)  # this record: ``ready`` may be recorded again
+        self.sum_on(buf, self.side)
+        self.runtime.eventRecord(done.ptr, self.side)
+
+    def sum_on(self, buf: Any, stream: int) -> None:
+        """Queue the in-place sum of ``buf`` on the stream with this handle."""
+        self.comm.all_reduce(buf.data.ptr, buf.size, self.nccl_dtype, stream)

@@ -1,10 +1,10 @@
-"""Row-major GEMMs for the fused step (trainer/steps.py): out = op(a) @ op(b), straight to cuBLAS.
+"""Row-major GEMMs for the fused step (fused_step.py): out = op(a) @ op(b), straight to cuBLAS.
 
 cupy.matmul spends ~17 us of CPU per call on checks and dispatch, more than a TF32 GEMM of the
 step's size takes on the GPU; a direct call costs a few. Row-major out (m x n) is column-major
 out^T, so cuBLAS computes out^T = op(b)^T op(a)^T. cuBLAS's heuristic picks the algorithm:
 timing cuBLASLt's other candidates and keeping the fastest (autotuning) gained nothing at the
-step's shapes (benchmarks/gpu_gemm.py, BENCHMARKS.md); the operands' layout did.
+step's shapes (benchmarks/gpu_gemm.py, docs/benchmarks.md); the operands' layout did.
 
 BF16 operands (stored as uint16: CuPy has no bfloat16 dtype) go through cublasGemmEx, called
 with ctypes from the libcublas CuPy loaded, float32 out and float32 accumulation.

@@ -1,0 +1,48 @@
+"""After the watch: each point's outcome, from its MLflow run and what its job said."""
+
+from __future__ import annotations
+
+from sweeper import display
+from sweeper.point_files import last_lines
+from sweeper.points import Point
+from sweeper.records import SweepRecord
+from sweeper.watch import Flight
+from trainer import metrics
+
+
+def collect(
+    record: SweepRecord, sweep_id: str, points: list[Point], done_before: dict[str, str], flight: Flight
+) -> list[display.Outcome]:
+    """One outcome per point, in the sweep's order; ``done_before`` maps skipped points' hashes
+    to their FINISHED runs. A run a job left RUNNING is ended here, KILLED or FAILED."""
+    children = record.children(sweep_id)
+    outcomes = []
+    for p in points:
+        if p.config_hash in done_before:
+            run = record.client.get_run(done_before[p.config_hash])
+            outcomes.append(display.Outcome(p.name, "SKIPPED", run))
+            continue
+        run = children.get(p.name)
+        log = flight.logs.get(p.index, "")
+        if p in flight.queued:
+            outcomes.append(display.Outcome(p.name, "CANCELLED", run, "never started", log))
+        elif p.index in flight.running:
+            status = run.info.status if run is not None else "KILLED"
+            outcomes.append(display.Outcome(p.name, "KILLED" if status == "RUNNING" else status, run, "", log))
+        else:
+            error = flight.finished.get(p.index)
+            status = run.info.status if run is not None else ("FAILED" if error else "FINISHED")
+            if status == "RUNNING":  # the job ended before its trainer could end the run: say how
+                status = "KILLED" if "CANCELLED" in str(error) else "FAILED"
+                record.client.set_terminated(run.info.run_id, status)
+            if error is not None and status == "FINISHED":
+                status = "FAILED"
+            text = ""
+            if status != "FINISHED":
+                text = (
+                    (run.data.tags.get(metrics.TAG_ERROR, "") if run is not None else "")
+                    or last_lines(log)
+                    or str(error)
+                )
+            outcomes.append(display.Outcome(p.name, status, run, text, log))
+    return outcomes

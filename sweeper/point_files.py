@@ -1,0 +1,66 @@
+"""A point's folder (Hydra's per-job dir): the config its job runs, and links to the job's logs.
+
+Every job runs the trainer's own CLI on the config written here:
+``python -m trainer --config-dir <point dir> --config-name point`` (sweeper/point_job.py).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from omegaconf import OmegaConf, open_dict
+
+from sweeper.point_job import POINT_CONFIG
+from sweeper.points import Point
+from trainer import metrics
+
+if TYPE_CHECKING:
+    from sweeper.runners.base import Job
+
+
+def prepare(point: Point, uri: str, experiment: str, parent_id: str, sweep_id: str) -> None:
+    """Fill in where the child run is recorded, and write the point's config for its job."""
+    t = point.trainer
+    with open_dict(t):
+        t.mlflow.tracking_uri = uri
+        t.mlflow.experiment = experiment
+        t.mlflow.parent_run_id = parent_id
+        t.mlflow.run_name = point.name
+        t.mlflow.tags = {**t.mlflow.tags, metrics.TAG_SWEEP_ID: sweep_id}
+    write_point_config(point)
+
+
+def write_point_config(point: Point) -> Path:
+    """A primary Hydra config holding the point's resolved trainer config."""
+    values = OmegaConf.to_container(point.trainer, resolve=True, enum_to_str=True)
+    doc = {
+        "defaults": ["trainer_schema", "_self_", {"override hydra/job_logging": "stdout"}],
+        **values,
+        "hydra": {"output_subdir": None, "run": {"dir": "."}},
+    }
+    point.dir.mkdir(parents=True, exist_ok=True)
+    path = point.dir / f"{POINT_CONFIG}.yaml"
+    OmegaConf.save(OmegaConf.create(doc), path)
+    return path
+
+
+def link_logs(point: Point, job: Job) -> str:
+    """Put the job's logs within reach of the point's folder; return the stderr path."""
+    if job.paths is None:
+        return ""
+    for name, target in (("stdout.log", job.paths.stdout), ("stderr.log", job.paths.stderr)):
+        link = point.dir / name
+        if link.is_symlink() or link.exists():
+            link.unlink()
+        link.symlink_to(Path(target).resolve())
+    return str(point.dir / "stderr.log")
+
+
+def last_lines(path: str, n: int = 5) -> str:
+    """The last lines the trainer wrote to the job's stderr (before submitit's own report)."""
+    try:
+        text = Path(path).read_text(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.split("submitit ERROR")[0].strip().splitlines()[-n:])

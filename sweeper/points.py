@@ -1,0 +1,47 @@
+"""A sweep's points and their resource shapes: plain data, shared by the planner, the runners
+and the watch loop. Imports nothing of the sweeper (nor of the trainer)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What one point's job asks for; points of one shape share a job array on Slurm."""
+
+    nodes: int
+    tasks_per_node: int
+    gpus_per_task: int  # 1 on GPUs, 0 on CPUs
+
+    def describe(self) -> str:
+        unit = "GPU" if self.gpus_per_task else "CPU rank"
+        return f"{self.nodes} node(s) x {self.tasks_per_node} task(s), 1 {unit} each"
+
+
+@dataclass
+class Point:
+    index: int  # Hydra's job number
+    overrides: list[str]  # this point's overrides, as Hydra made them
+    trainer: DictConfig  # the resolved trainer config (struct, TrainerConfig)
+    dir: Path  # Hydra's per-job folder in the sweep dir
+    name: str = ""  # the child run's name: what sets this point apart, e.g. hidden=512,nproc=2
+    shape: Shape | None = None  # set by the plan, from the runner's rule
+    config_hash: str = ""
+
+    @property
+    def nproc(self) -> int:
+        return int(self.trainer.nproc)
+
+
+def labels(job_overrides: list[list[str]]) -> list[str]:
+    """Name each point by the overrides that vary across the sweep (all but sweep.* if none vary)."""
+    own = [[o for o in ovs if not o.startswith("sweep.")] for ovs in job_overrides]
+    varying = {o.split("=", 1)[0] for ovs in own for o in ovs if any(o not in other for other in own)}
+    chosen = [[o for o in ovs if o.split("=", 1)[0] in varying] or ovs for ovs in own]
+    return [",".join(c) or "defaults" for c in chosen]

@@ -1,0 +1,2 @@
+"""One module per launcher, each a class of the `Runner` protocol (base.py). A launcher config's
+``_target_`` names its runner class; `base.make_runner` builds it, so nothing compares names."""

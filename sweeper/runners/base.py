@@ -1,0 +1,73 @@
+"""What every runner does, and how the sweep gets the one its launcher config names.
+
+A runner owns everything that differs between launchers: the shape of a point, the checks made
+before anything is submitted, the preview of what would be submitted, and starting, releasing
+and cancelling jobs. Adding a launcher is one module here plus one config dataclass with its
+``_target_`` (sweeper/config.py) and one YAML file (conf/launcher/).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
+
+    from sweeper.points import Point, Shape
+
+
+@runtime_checkable
+class Job(Protocol):
+    """The part of a submitit job the sweep uses (the debug runner gives a stand-in)."""
+
+    job_id: str
+    paths: Any  # has .stdout and .stderr, or None when the job wrote no log files
+
+    def done(self) -> bool: ...
+
+    def exception(self) -> BaseException | None: ...
+
+    def cancel(self, check: bool = True) -> None: ...
+
+
+@runtime_checkable
+class Runner(Protocol):
+    """Built as ``Runner(launcher, folder, job_name)`` from the launcher config's ``_target_``."""
+
+    scheduler: ClassVar[str]  # recorded on the parent run (tag sweepscale.scheduler)
+
+    def shape(self, point: Point) -> Shape:
+        """The point's resources; raises ConfigError when this launcher cannot give them."""
+        ...
+
+    def check(self, points: list[Point]) -> None:
+        """Pre-flight checks beyond one point (e.g. the Slurm partition); raises ConfigError."""
+        ...
+
+    def preview(self, groups: dict[Shape, list[Point]]) -> dict[str, str]:
+        """What would be submitted, by shape description (empty when there is nothing to add)."""
+        ...
+
+    def start(self, queued: list[Point]) -> list[tuple[Point, Job]]:
+        """Start what can start now, removing it from ``queued``; the rest waits for a release."""
+        ...
+
+    def release(self, point: Point) -> None:
+        """The point's job is done: give its resources back."""
+        ...
+
+    def cancel(self, job: Job) -> None:
+        """Ask the job to end (SIGTERM to the trainer, which ends its run KILLED)."""
+        ...
+
+
+def make_runner(launcher: DictConfig, sweep_dir: Path, job_name: str) -> Runner:
+    """The runner class named by ``launcher._target_`` (as Hydra's submitit plugin dispatches)."""
+    from hydra.utils import get_class
+
+    folder = Path(launcher.folder or sweep_dir / ".submitit").resolve()
+    runner = get_class(launcher._target_)(launcher, folder, job_name)
+    if not isinstance(runner, Runner):
+        raise TypeError(f"launcher._target_={launcher._target_} is not a sweeper.runners.base.Runner")
+    return runner

@@ -1,0 +1,147 @@
+"""submitit's Slurm executor: one job array per shape, all submitted at once; Slurm queues them.
+
+Each task of a job runs the point's job body and becomes one MPI rank through srun's PMI.
+The preview renders the sbatch lines from the same parameters the executor is given
+(`slurm_parameters`), in submitit's format; tests/data/sbatch_preview.txt is its golden file.
+"""
+
+from __future__ import annotations
+
+import math
+import shlex
+import subprocess
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from sweeper.point_job import run_point
+from sweeper.points import Point, Shape
+from trainer.errors import ConfigError
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
+
+    from sweeper.runners.base import Job
+
+# What submitit runs in each task (its pickled function, our run_point).
+SUBMIT_COMMAND = "python -u -m submitit.core._submit"
+# submitit's own #SBATCH settings: USR2 90 s before the time limit, logs appended, its wckey.
+SUBMITIT_FIXED = {"signal": "USR2@90", "open-mode": "append", "wckey": "submitit"}
+# Parameters that are not #SBATCH options.
+NOT_SBATCH = ("array_parallelism", "srun_args", "setup", "additional_parameters")
+
+
+class SlurmRunner:
+    scheduler: ClassVar[str] = "slurm"
+
+    def __init__(self, launcher: DictConfig, folder: Path, job_name: str) -> None:
+        self.launcher, self.folder, self.job_name = launcher, folder, job_name
+
+    def shape(self, point: Point) -> Shape:
+        """nproc ranks over ceil(nproc / ranks per node) nodes, evenly; one GPU each on GPUs."""
+        launcher = self.launcher
+        per_node = launcher.gpus_per_node or launcher.ranks_per_node
+        capacity = per_node * launcher.max_nodes
+        if point.nproc > capacity:
+            raise ConfigError(
+                f"point {point.name}: nproc={point.nproc} exceeds {launcher.max_nodes} node(s) x {per_node} ranks "
+                f"= {capacity}; raise launcher.max_nodes or launcher.ranks_per_node/gpus_per_node, or lower nproc"
+            )
+        nodes = math.ceil(point.nproc / per_node)
+        if point.nproc % nodes:
+            raise ConfigError(
+                f"point {point.name}: nproc={point.nproc} cannot be spread evenly over {nodes} nodes of {per_node} "
+                "ranks; use a multiple of the node count"
+            )
+        return Shape(nodes, point.nproc // nodes, int(launcher.gpus_per_node > 0))
+
+    def check(self, points: list[Point]) -> None:
+        """Ask the scheduler whether the partition exists; surface its own message if not."""
+        partition = self.launcher.partition
+        if partition is None:
+            return
+        cmd = ["sbatch", "--test-only", f"--partition={partition}", "--wrap=true"]
+        try:
+            result = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+        except FileNotFoundError as e:
+            raise ConfigError(
+                "launcher=slurm but sbatch is not installed here; run the sweep on a Slurm login node"
+            ) from e
+        if result.returncode != 0:
+            msg = result.stderr.strip() or result.stdout.strip()
+            raise ConfigError(f"launcher.partition={partition}: Slurm says: {msg}")
+
+    def preview(self, groups: dict[Shape, list[Point]]) -> dict[str, str]:
+        return {
+            shape.describe(): sbatch_preview(self.parameters(shape), self.folder / "%j", len(members))
+            for shape, members in groups.items()
+        }
+
+    def parameters(self, shape: Shape) -> dict[str, Any]:
+        return slurm_parameters(self.launcher, shape, self.job_name)
+
+    def start(self, queued: list[Point]) -> list[tuple[Point, Job]]:
+        import submitit  # heavy: only once there is something to submit
+
+        started = []
+        by_shape: dict[Shape, list[Point]] = {}
+        for p in queued:
+            by_shape.setdefault(p.shape, []).append(p)
+        for shape, todo in by_shape.items():
+            executor = submitit.SlurmExecutor(folder=str(self.folder / "%j"))
+            executor.update_parameters(**self.parameters(shape))
+            with executor.batch():
+                jobs = [executor.submit(run_point, str(p.dir), {}) for p in todo]
+            for p, job in zip(todo, jobs):
+                queued.remove(p)
+                started.append((p, job))
+        return started
+
+    def release(self, point: Point) -> None:
+        pass  # Slurm holds the resources
+
+    def cancel(self, job: Job) -> None:
+        job.cancel(check=False)  # scancel: Slurm sends SIGTERM to every task
+
+
+def slurm_parameters(launcher: DictConfig, shape: Shape, job_name: str) -> dict[str, Any]:
+    """submitit SlurmExecutor parameters for one shape's job array (also what the preview renders)."""
+    params: dict[str, Any] = {
+        "job_name": job_name,
+        "nodes": shape.nodes,
+        "ntasks_per_node": shape.tasks_per_node,
+        "cpus_per_task": launcher.cpus_per_task,
+        "time": launcher.timeout_min,
+        "array_parallelism": launcher.array_parallelism,
+        "srun_args": [f"--mpi={launcher.pmi}", *launcher.srun_args],
+        "setup": list(launcher.setup),
+        "additional_parameters": dict(launcher.sbatch_args),
+    }
+    if shape.gpus_per_task:
+        params["gpus_per_node"] = shape.tasks_per_node
+    for key in ("partition", "account", "qos", "mem", "constraint"):
+        if launcher[key] is not None:
+            params[key] = launcher[key]
+    return params
+
+
+def sbatch_preview(params: dict[str, Any], folder: Path, n_points: int) -> str:
+    """The #SBATCH lines, setup lines and srun line of one job array of ``n_points`` tasks, as
+    submitit writes them for these parameters (``folder`` holds ``%j``, as the executor's does)."""
+    flags = {k: v for k, v in params.items() if k not in NOT_SBATCH and v is not None}
+    flags.update(SUBMITIT_FIXED)
+    flags["array"] = f"0-{n_points - 1}%{min(n_points, params['array_parallelism'])}"
+    # Array tasks log to <array id>_<task index>; task 0 speaks for the #SBATCH lines.
+    logs = str(Path(folder).expanduser().absolute()).replace("%j", "%A_%a")
+    stdout, stderr = f"{logs}/%A_%a_%t_log.out", f"{logs}/%A_%a_%t_log.err"
+    flags["output"], flags["error"] = stdout.replace("%t", "0"), stderr.replace("%t", "0")
+    flags.update(params["additional_parameters"])
+    lines = [sbatch_flag(key, flags[key]) for key in sorted(flags)]
+    lines += params["setup"]
+    srun = ["srun", "--unbuffered", "--output", stdout, "--error", stderr, *params["srun_args"]]
+    lines.append(f"{shlex.join(srun)} {SUBMIT_COMMAND}")
+    return "\n".join(lines)
+
+
+def sbatch_flag(key: str, value: Any) -> str:
+    key = key.replace("_", "-")
+    return f"#SBATCH --{key}" if value is True else f"#SBATCH --{key}={shlex.quote(str(value))}"

@@ -1,0 +1,85 @@
+"""Watching a sweep's jobs: start what fits, count states, release what ended; on Ctrl-C or
+SIGTERM, cancel the jobs and give their trainers time to end their runs KILLED."""
+
+from __future__ import annotations
+
+import signal
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from sweeper import display
+from sweeper.point_files import link_logs
+from sweeper.points import Point
+
+if TYPE_CHECKING:
+    from sweeper.runners.base import Job, Runner
+
+CANCEL_GRACE_S = 30  # how long cancelled trainers get to end their runs KILLED themselves
+
+
+@dataclass
+class Flight:
+    """Where each point to run stands; what the watch leaves for the collect step."""
+
+    queued: list[Point]
+    running: dict[int, tuple[Point, Job]] = field(default_factory=dict)
+    finished: dict[int, BaseException | None] = field(default_factory=dict)  # index -> the job's error
+    logs: dict[int, str] = field(default_factory=dict)  # index -> the job's stderr, linked in its folder
+    interrupted: bool = False
+
+
+def watch(runner: Runner, todo: list[Point], total: int, skipped: int, poll_s: float) -> Flight:
+    """Run ``todo`` to its end (or to an interrupt); ``total`` and ``skipped`` are for the counts."""
+    flight = Flight(list(todo))
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        with display.Progress(total) as progress:
+            while flight.queued or flight.running:
+                step(runner, flight)
+                failed = sum(e is not None for e in flight.finished.values())
+                counts = {
+                    "queued": len(flight.queued),
+                    "running": len(flight.running),
+                    "done": len(flight.finished) - failed,
+                    "failed": failed,
+                    "skipped": skipped,
+                }
+                progress.update(counts)
+                if flight.queued or flight.running:
+                    time.sleep(poll_s)
+    except KeyboardInterrupt:
+        flight.interrupted = True
+        display.console.print("[red]interrupted: cancelling the sweep's jobs[/red]")
+        cancel_all(runner, flight, poll_s)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    return flight
+
+
+def step(runner: Runner, flight: Flight) -> None:
+    """Start what can start, then collect what ended and give its resources back."""
+    for p, job in runner.start(flight.queued):
+        flight.running[p.index] = (p, job)
+        flight.logs[p.index] = link_logs(p, job)
+    for index, (p, job) in list(flight.running.items()):
+        if job.done():
+            flight.finished[index] = job.exception()
+            runner.release(p)
+            del flight.running[index]
+
+
+def cancel_all(runner: Runner, flight: Flight, poll_s: float) -> None:
+    jobs = [job for _p, job in flight.running.values()]
+    for job in jobs:
+        runner.cancel(job)
+    deadline = time.monotonic() + CANCEL_GRACE_S
+    while time.monotonic() < deadline and not all(job.done() for job in jobs):
+        time.sleep(poll_s)
+    for job in jobs:
+        if not job.done():
+            job.cancel(check=False)
+
+
+def _interrupt(_signum: int, _frame: Any) -> None:
+    raise KeyboardInterrupt

@@ -1,0 +1,165 @@
+"""What a run records in MLflow beside its losses: the config, the tags, the performance metrics
+(phase times, the FLOP model's rates, bytes moved, utilization) and the check against the CPU
+reference."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from omegaconf import DictConfig, OmegaConf
+
+from trainer import flops, metrics, model, parallel, provenance, reference, tracking
+from trainer.backend import Backend
+from trainer.config import config_hash
+from trainer.loop import GENERIC, Schedule
+from trainer.options import StepOptions
+
+
+def flat_params(cfg: DictConfig) -> dict[str, Any]:
+    """The resolved config flattened to MLflow params: hidden, lr, ..., data.dir, gpu.gemm, ... The
+    mlflow.* settings (where and how the run is recorded) are not params: MLflow shows them itself;
+    nor is paths.* (where data lives here: data.dir holds the folder a run read)."""
+    out: dict[str, Any] = {}
+
+    def walk(node: Any, prefix: str) -> None:
+        for k, v in node.items():
+            if isinstance(v, dict) and v:
+                walk(v, f"{prefix}{k}.")
+            else:
+                out[f"{prefix}{k}"] = v
+
+    resolved = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+    walk({k: v for k, v in resolved.items() if k not in ("mlflow", "paths")}, "")
+    return out
+
+
+def start_recording(
+    cfg: DictConfig, uri: str, world: parallel.World, backend: Backend, hosts: list[str]
+) -> tracking.Recorder:
+    tags = {
+        metrics.TAG_CONFIG_HASH: config_hash(cfg),
+        "sweepscale.mpi_library": world.library,
+        "sweepscale.world_size": str(world.size),
+        "sweepscale.device": backend.kind,
+        "sweepscale.device_name": backend.device_name,
+        "sweepscale.hosts": ",".join(sorted(set(hosts))),
+        metrics.TAG_TIMING: "cuda-events" if backend.kind == "gpu" else "perf-counter",
+        **{f"sweepscale.version.{k}": v for k, v in backend.versions.items()},
+        **provenance.code_tags(),
+        **dict(cfg.mlflow.tags),
+    }
+    if cfg.mlflow.parent_run_id:
+        tags["mlflow.parentRunId"] = cfg.mlflow.parent_run_id
+    recorder = tracking.Recorder(uri, tracking.experiment_name(cfg.mlflow.experiment), cfg.mlflow.run_name, tags)
+    recorder.log_params(flat_params(cfg))
+    recorder.log_text(OmegaConf.to_yaml(cfg, resolve=True), "config.yaml")
+    return recorder
+
+
+def check_against_reference(
+    recorder: tracking.Recorder,
+    cfg: DictConfig,
+    layout: model.Layout,
+    schedule: Schedule,
+    init: np.ndarray,
+    final: np.ndarray,
+    ds: Any,
+) -> str:
+    """The weights' relative error against the sequential NumPy run (cached): logged, and returned
+    as the summary's row."""
+    key = reference.cache_key(
+        layout,
+        schedule,
+        cfg.dtype.value,
+        cfg.seed,
+        ds.fingerprint(),
+        init=cfg.model.init.value,
+        scale=cfg.data.scale.value,
+    )
+    ref, cached = reference.reference_params(layout, init, ds.x_train, ds.y_train, schedule, cfg.check.cache_dir, key)
+    errors = reference.relative_errors(layout, final, ref)
+    for name, err in errors.items():
+        recorder.metric(metrics.weight_error(name), err)
+    recorder.set_tags({"sweepscale.reference": "cached" if cached else "computed", "sweepscale.reference_key": key})
+    return f"{errors['max']:.3e}"
+
+
+def record_performance(
+    recorder: tracking.Recorder,
+    cfg: DictConfig,
+    layout: model.Layout,
+    backend: Backend,
+    phase_ms: dict[str, float],
+    nproc: int,
+    overlap: bool = False,
+    *,
+    options: StepOptions = GENERIC,
+    comm: str = "host",
+    n_train: int | None = None,
+    quartiles: dict[str, dict[str, float]] | None = None,
+    repeat_ms: list[float] | None = None,
+) -> None:
+    """Phase times (median, and ``quartiles``: {"q1": ..., "q3": ...} of each phase), the FLOP
+    model's rates for a full batch of the global size (``n_train`` caps it), the course's bytes and
+    arithmetic intensity per rank and batch, and the median batch time of each timing repeat.
+
+    perf/utilization divides by the peak of the arithmetic the GEMMs ran on (``options``: the GEMM
+    mode and the products per model GEMM; perf.peak_tflops overrides it);
+    a utilization above 1 means that peak is wrong and is not logged: the tag
+    sweepscale.utilization_error says why. ``comm``: trainer/flops.py COMMS. With ``overlap`` the
+    allreduce phase is only a wait, so no all-reduce bandwidth is derived."""
+    B, D, H, C = cfg.batch_size, layout.D, layout.H, layout.C
+    if n_train is not None:
+        B = min(B, n_train)  # a single, short batch is what was timed
+    itemsize = np.dtype(cfg.dtype.value).itemsize
+    batch_flops = flops.batch_flops(B, D, H, C)
+    ar_bytes = flops.allreduce_bytes(D, H, C, itemsize)
+    recorder.metric(metrics.FLOPS_PER_BATCH, batch_flops)
+    recorder.metric(metrics.ALLREDUCE_BYTES, ar_bytes)
+    rows = -(-B // nproc)  # rank 0's share of the batch, the largest
+    images_per_batch = backend.kind == "gpu" and not cfg.data.on_device
+    moved = flops.transfer_bytes(rows, D, H, C, itemsize, nproc, comm, images_per_batch)
+    recorder.metric(metrics.BYTES_PCI, moved["pci"])
+    recorder.metric(metrics.BYTES_MPI, moved["mpi"])
+    if moved["pci"] + moved["mpi"]:  # else unbounded, and MLflow would store inf as the largest float
+        recorder.metric(
+            metrics.ARITHMETIC_INTENSITY,
+            flops.arithmetic_intensity(flops.batch_flops(rows, D, H, C), moved["pci"] + moved["mpi"]),
+        )
+    for phase, ms in phase_ms.items():
+        recorder.metric(metrics.phase_time(phase), ms)
+    for which, values in (quartiles or {}).items():
+        for phase, ms in values.items():
+            recorder.metric(metrics.phase_quantile(phase, which), ms)
+    for r, ms in enumerate(repeat_ms or []):
+        recorder.metric(metrics.BATCH_MS_REPEAT, ms, r)
+    batch_s = phase_ms["batch"] / 1e3
+    tflops = batch_flops / batch_s / 1e12
+    recorder.metric(metrics.SAMPLES_PER_S, B / batch_s)
+    recorder.metric(metrics.TFLOPS, tflops)
+    gemm, products = options.arithmetic, options.products
+    arithmetic = flops.peak_arithmetic(gemm, products)
+    peak = None
+    if cfg.perf.peak_tflops:
+        peak, arithmetic = cfg.perf.peak_tflops, f"perf.peak_tflops (the GEMMs: {arithmetic})"
+    elif backend.kind == "gpu":
+        peak = flops.peak_tflops(backend.device_name, gemm, products)
+    if peak:
+        recorder.set_tags({metrics.TAG_PEAK_TFLOPS: str(peak), metrics.TAG_PEAK_ARITHMETIC: arithmetic})
+        utilization = tflops / (peak * nproc)
+        if utilization <= 1:
+            recorder.metric(metrics.UTILIZATION, utilization)
+        else:
+            recorder.set_tags(
+                {
+                    metrics.TAG_UTILIZATION_ERROR: (
+                        f"not logged: {tflops:.4g} TFLOP/s on {nproc} x {backend.device_name} would be "
+                        f"{utilization:.3g} of the peak, {peak:.4g} TFLOP/s per device ({arithmetic}); a run "
+                        "cannot beat its peak, so that peak is wrong for this arithmetic: fix perf.peak_tflops "
+                        "or trainer/flops.py PEAKS"
+                    )
+                }
+            )
+    if nproc > 1 and not overlap and phase_ms.get("allreduce", 0) > 0:
+        recorder.metric(metrics.ALLREDUCE_GBPS, ar_bytes / (phase_ms["allreduce"] / 1e3) / 1e9)
