@@ -33,6 +33,7 @@ def run_sweep(base: DictConfig, points: list[Point], sweep_dir: Path, overrides:
     runner = make_runner(launcher, sweep_dir, f"sweepscale-{sweep_id}")
 
     groups = plan(points, runner)  # every check before anything is submitted or recorded
+    points, groups = distinct(points, groups)
     check_data(points)
     runner.check(points)
     if opts.dry_run:
@@ -62,6 +63,20 @@ def run_sweep(base: DictConfig, points: list[Point], sweep_dir: Path, overrides:
     record.end_parent("KILLED" if flight.interrupted else "FINISHED" if ok else "FAILED")
     write_report(record, sweep_dir)
     return 130 if flight.interrupted else 0 if ok else 1
+
+
+def distinct(points: list[Point], groups: dict) -> tuple[list[Point], dict]:
+    """A grid that names one config twice (``hidden=16,16``) runs it once."""
+    first: dict[str, Point] = {}
+    for p in points:
+        if p.config_hash in first:
+            same = first[p.config_hash].index
+            display.console.print(f"duplicate {p.name}: the same config as point {same}, run once")
+        else:
+            first[p.config_hash] = p
+    kept = {id(p) for p in first.values()}
+    groups = {shape: [p for p in members if id(p) in kept] for shape, members in groups.items()}
+    return list(first.values()), groups
 
 
 def check_data(points: list[Point]) -> None:

@@ -138,6 +138,16 @@ def test_local_sweep_failure_isolation_and_resume(tmp_path, mlflow_uri):
     assert set(children_of(mlflow_uri, newest.info.run_id)) == {"hidden=16,nproc=2", "hidden=32,nproc=2"}
 
 
+def test_duplicated_grid_point_runs_once(tmp_path, mlflow_uri):
+    result = sweep(["hidden=16,16", *FAST], tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "the same config as point 0, run once" in result.stdout
+    (parent,) = parents(mlflow_uri)
+    (kid,) = children_of(mlflow_uri, parent.info.run_id).values()
+    assert kid.info.status == "FINISHED" and parent.info.status == "FINISHED"
+    assert len(runs(mlflow_uri)) == 2  # the parent and one child, nothing duplicated
+
+
 def test_debug_launcher_runs_in_process(tmp_path, mlflow_uri):
     result = sweep(["hidden=8,16", *FAST, "launcher=debug"], tmp_path)
     assert result.returncode == 0, result.stderr
