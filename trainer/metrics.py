@@ -20,6 +20,7 @@ TFLOPS = "perf/tflops"
 UTILIZATION = "perf/utilization"
 ALLREDUCE_GBPS = "perf/allreduce_gbps"
 FLOPS_PER_BATCH = "model/flops_per_batch"
+N_TRAIN = "data/n_train"  # training samples an epoch: what "samples seen" counts
 ALLREDUCE_BYTES = "model/allreduce_bytes"
 # The course's byte model per rank and batch (trainer/flops.py transfer_bytes) and FLOPs per
 # rank and batch over their sum (absent when no byte moves: the intensity is unbounded).

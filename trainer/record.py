@@ -112,6 +112,7 @@ def record_performance(
     B, D, H, C = cfg.batch_size, layout.D, layout.H, layout.C
     if n_train is not None:
         B = min(B, n_train)  # a single, short batch is what was timed
+        recorder.metric(metrics.N_TRAIN, n_train)
     itemsize = np.dtype(cfg.dtype.value).itemsize
     batch_flops = flops.batch_flops(B, D, H, C)
     ar_bytes = flops.allreduce_bytes(D, H, C, itemsize)

@@ -62,6 +62,16 @@ def _wall_time(p: Point) -> list[tuple[float, float]]:
     return out
 
 
+def _samples_seen(p: Point) -> list[tuple[float, float]]:
+    """(samples trained on, loss) after each step: whole epochs of N plus this epoch's batches."""
+    batch = p.get("batch_size", 1)
+    n = p.metrics.get(metrics.N_TRAIN)
+    if not n:  # a run recorded before data/n_train: full batches
+        return [((s + 1) * batch, v) for s, v in p.loss]
+    per_epoch = -(-int(n) // batch)
+    return [((s // per_epoch) * n + min((s % per_epoch + 1) * batch, n), v) for s, v in p.loss]
+
+
 def loss_curves(points: list[Point], axis: list[str], out: Path) -> Path:
     """Loss against step, samples seen and wall time; one line per point, every point."""
     colour_key, panel_key = _keys(axis)
@@ -79,12 +89,7 @@ def loss_curves(points: list[Point], axis: list[str], out: Path) -> Path:
         label = _label(p, colour_key) + (f", {_label(p, style_key)}" if style_key else "")
         label += f" (diverged at step {bad.step}: {bad.why})" if bad else ""
         style = ":" if bad else styles[fmt(p.get(style_key))]
-        batch = p.get("batch_size", 1)
-        series = [
-            [(s, v) for s, v in p.loss],
-            [((s + 1) * batch, v) for s, v in p.loss],
-            _wall_time(p),
-        ]
+        series = [[(s, v) for s, v in p.loss], _samples_seen(p), _wall_time(p)]
         for col, xy in enumerate(series):
             if not xy:
                 continue
