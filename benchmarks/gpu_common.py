@@ -133,11 +133,12 @@ def fused_step(H: int, gemm: str, x: Any, y: Any, cls: Any = None, x_levels: int
 
     from trainer import model
     from trainer.gpu.fused_step import FusedStep
+    from trainer.options import StepOptions
 
     layout = model.Layout(D=D, H=H, C=C)
     params = cp.asarray(model.init_params(layout, 0, "float32"))
     gbuf = cp.zeros(layout.size + 1, dtype=cp.float32)
-    s = (cls or FusedStep)(layout, params, gbuf, len(x), gemm, x_levels=x_levels)
+    s = (cls or FusedStep)(layout, params, gbuf, len(x), StepOptions(kind="fused", gemm=gemm, x_levels=x_levels))
     s.forward(x, y)
     s.backward(x, y, 1 / len(x))
     return s

@@ -37,6 +37,7 @@ def worker(args: argparse.Namespace) -> None:
     from trainer.gpu.fused_step import FusedStep
     from trainer.gpu.policy import sums_beside_gemm, window_wanted
     from trainer.loop import Schedule, sgd_step
+    from trainer.options import StepOptions
 
     world = parallel.join_world(args.nproc)
     cp.cuda.Device(world.local_rank % cp.cuda.runtime.getDeviceCount()).use()
@@ -80,7 +81,7 @@ def worker(args: argparse.Namespace) -> None:
     x, y = cp.asarray(xh), cp.asarray(yh)
     params = cp.asarray(model.init_params(layout, 0, "float32"))
     gbuf = parallel.gradient_buffer(ar, cp, layout.size + 1, cp.float32)
-    step = Traced(layout, params, gbuf, ROWS, args.gemm[0], ar, overlap)
+    step = Traced(layout, params, gbuf, ROWS, StepOptions(kind="fused", gemm=args.gemm[0], overlap=overlap), ar)
     loss = cp.zeros(1, dtype=cp.float32)
     schedule = Schedule(batch_size=ROWS * world.size, lr=LR, reg=REG, epochs=1)
     for i in range(32):  # 20 to warm up, then 12 traced

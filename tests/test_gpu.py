@@ -128,7 +128,7 @@ def test_output_layer_block_shapes(warps, samples):
     params = cupy.asarray(model.init_params(layout, 2, "float32"))
     gbuf = cupy.zeros(layout.size + 1, dtype=np.float32)
     shaped = type("Shaped", (FusedStep,), {"OUT_WARPS": warps, "OUT_SAMPLES": samples})
-    step = shaped(layout, params, gbuf, n, "tf32")
+    step = shaped(layout, params, gbuf, n, StepOptions(kind="fused", gemm="tf32"))
     step.e.fill(1)
     step.z1_gemm(cupy.asarray(ds.x_train))
     z1t = step.z[:, :n].get()  # H x n, z1^T as the GEMM wrote it

@@ -74,5 +74,5 @@ def make_step(
             raise ValueError("step=fused needs the GPU (CuPy); use step=generic or auto on the CPU")
         from trainer.gpu.fused_step import FusedStep
 
-        return FusedStep(layout, params, gbuf, max_rows, options.gemm, allreduce, options.overlap, options.x_levels)
+        return FusedStep(layout, params, gbuf, max_rows, options, allreduce)
     return GenericStep(layout, params, gbuf, allreduce)

@@ -24,7 +24,7 @@ zero_gradient for a rank without rows), reduce, update, and finish at the end of
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -32,6 +32,9 @@ from trainer import model
 from trainer.gpu.gemm import Gemm, leading
 from trainer.gpu.operands import GemmOperands, PreparedX
 from trainer.gpu.policy import TENSOR_CORE_GEMMS, sums_beside_gemm
+
+if TYPE_CHECKING:
+    from trainer.options import StepOptions
 
 KERNELS_CU = Path(__file__).with_name("kernels.cu")  # the CUDA source, after FusedStep's typedefs and defines
 
@@ -56,18 +59,12 @@ class FusedStep(GemmOperands):
     HID_MIN_BLOCKS = 4
     FIRST_PART = 0.5  # with overlap, the fraction of W1's rows summed first: the best measured
 
-    def __init__(
-        self,
-        layout: model.Layout,
-        params: Any,
-        gbuf: Any,
-        max_rows: int,
-        gemm: str,
-        allreduce: Any = None,
-        overlap: bool = False,
-        x_levels: int | None = None,
-    ) -> None:
+    def __init__(self, layout: model.Layout, params: Any, gbuf: Any, max_rows: int, options: StepOptions,
+                 allreduce: Any = None) -> None:  # fmt: skip
+        """``options``: the GEMM mode, the overlap and the inputs' levels (trainer/options.py)."""
         import cupy as cp
+
+        gemm, overlap, x_levels = options.gemm, options.overlap, options.x_levels
 
         self.cp, self.layout = cp, layout
         self.p, self.g, self.gbuf = layout.views(params), layout.views(gbuf[:-1]), gbuf
