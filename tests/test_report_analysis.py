@@ -68,10 +68,10 @@ def test_single_axis_and_mixed_sweeps_have_no_scaling_family():
 
 
 def test_speedup_and_efficiency_strong_and_weak():
-    strong = analysis.scaling("strong", [1, 2, 4], [10.0, 6.0, 4.0], [3200] * 3)
+    strong = analysis.scaling("strong", [1, 2, 4], [10.0, 6.0, 4.0])
     assert strong[1] == pytest.approx((10 / 6, 2, 10 / 12))
     assert strong[2] == pytest.approx((2.5, 4, 0.625))
-    weak = analysis.scaling("weak", [1, 2, 4], [10.0, 10.0, 12.5], [3200, 6400, 12800])
+    weak = analysis.scaling("weak", [1, 2, 4], [10.0, 10.0, 12.5])
     assert weak[1] == pytest.approx((2.0, 2, 1.0))
     assert weak[2] == pytest.approx((3.2, 4, 0.8))
 

@@ -71,7 +71,7 @@ def make_step(
     kind = options.kind
     if kind == "fused" or (kind == "auto" and xp is not np):
         if xp is np:
-            raise ValueError("step=fused needs the GPU (CuPy); use step=generic or auto on the CPU")
+            raise ValueError("gpu.step=fused needs the GPU (CuPy); use gpu.step=generic or auto on the CPU")
         from trainer.gpu.fused_step import FusedStep
 
         return FusedStep(layout, params, gbuf, max_rows, options, allreduce)

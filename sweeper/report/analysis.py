@@ -116,7 +116,7 @@ class Scaling:
     repeats: list[float] = field(default_factory=list)  # median ms per batch of each timing repeat
 
 
-def scaling(kind: str, nprocs: Sequence[int], batch_ms: Sequence[float], batch_sizes: Sequence[int]) -> list[tuple]:
+def scaling(kind: str, nprocs: Sequence[int], batch_ms: Sequence[float]) -> list[tuple]:
     """(speedup, ideal, efficiency) per member. Strong: T0/Tp against p/p0. Weak (scaled speedup):
     (p/p0) T0/Tp, efficiency T0/Tp, since each rank's work stays the same."""
     p0, t0 = nprocs[0], batch_ms[0]
@@ -210,7 +210,7 @@ def family_rows(points: Sequence[Any], family: Family) -> list[Scaling]:
 
     members = [points[i] for i in family.members]
     batch = [point_batch_ms(p) for p in members]
-    ratios = scaling(family.kind, [p.nproc for p in members], batch, [p.get("batch_size") for p in members])
+    ratios = scaling(family.kind, [p.nproc for p in members], batch)
     rows = []
     for p, t, (speedup, ideal, eff) in zip(members, batch, ratios):
         q1 = p.metrics.get(metrics.phase_quantile("batch", "q1"), t)

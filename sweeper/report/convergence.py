@@ -100,12 +100,13 @@ def loss_curves(points: list[Point], axis: list[str], out: Path) -> Path:
                 at = [(x, min(y, top) if top else y) for (s, _v), (x, y) in zip(p.loss, xy) if s == bad.step]
                 if at:
                     a.plot(*at[0], marker="x", color=colour, ms=8, mew=2)
+    healthy_losses = [v for p in points if not p.diverged for _s, v in p.loss]
     for row, panel in enumerate(panels):
         for col, xlabel in enumerate(("step (iteration)", "samples seen", "wall time (s)")):
             a = ax[row][col]
             a.set_xlabel(xlabel)
             a.set_ylabel("training loss")
-            _log_if_wide(a, [v for p in points for _s, v in p.loss if not p.diverged])
+            _log_if_wide(a, healthy_losses)
             if top:
                 a.set_ylim(top=top)
             if panel_key:

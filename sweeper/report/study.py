@@ -8,7 +8,6 @@ Nothing here draws or writes: :mod:`sweeper.report.analysis` computes, the figur
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -179,7 +178,3 @@ def load(client: Any, parents: list[Any]) -> Study:
                 by_name[name] = point
     missing = [(n, why) for n, why in missing if n not in by_name]
     return Study(sweeps, list(by_name.values()), missing)
-
-
-def finite(value: float | None) -> bool:
-    return value is not None and math.isfinite(value)
