@@ -1,17 +1,25 @@
-"""Per-point overhead of a 9-point sweep: sweep wall time minus time spent in the runs, per point.
+"""What a sweep costs beyond its runs: per-point overhead, warm workers against a process per point.
 
-Points run one at a time (launcher.cpus=1 locally, array_parallelism=1 on Slurm), so the wall
-time is the runs plus everything around them (with "local-2", two at a time: runs count half):
-Hydra, planning, job submission and start-up,
-the trainer's process start and imports, MPI start, collection. "In runs" is the span MLflow
-recorded for each child run (start to end, inside the trainer); "training" is its epoch time.
+    python benchmarks/sweep_overhead.py                       # 32 tiny points, local, warm and cold
+    python benchmarks/sweep_overhead.py --launchers slurm     # the same on the real Slurm
+    python benchmarks/sweep_overhead.py --grid headline --data .device/mnist   # the GPU sweep
 
-    python benchmarks/sweep_overhead.py [--launchers local slurm]
+Figures, from MLflow and the clock around the command:
+- command: the wall time of ``python -m sweeper ...`` (Hydra, planning, the runs, the report);
+- sweep: the parent run's span (from its creation to its end, before the report);
+- start: parent start to the first child run's start (the first worker's, or job's, start-up);
+- busy: the time at least one child run was open (the union of their spans), and its share of
+  the command;
+- training: the sum of the runs' epoch times;
+- overhead/point: (sweep - start - busy) / points, issue #19's measure (with points one at a
+  time, busy is the sum of in-run times).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -20,46 +28,94 @@ import time
 from rich.console import Console
 from rich.table import Table
 
-GRID = ["hidden=16,32,64", "lr=0.05,0.1,0.2", "epochs=1", "nproc=1", "check.reference=false"]
-SETTINGS = {
+GRIDS = {
+    "tiny": ["hidden=range(8,264,8)", "epochs=1", "data.n_train=500"],
+    "headline": ["hidden=512,1024,2048", "nproc=1,2", "epochs=3"],
+}
+LAUNCHERS = {  # points one at a time where the launcher allows: the overhead is not hidden by overlap
     "local": ["launcher=local", "launcher.cpus=1"],
-    "slurm": ["launcher=slurm", "launcher.array_parallelism=1"],
-    "local-2": ["launcher=local", "launcher.cpus=2"],  # two points at a time on two cores
+    "local-all": ["launcher=local"],  # as many at once as there are GPUs (or cores)
+    "slurm": ["launcher=slurm", "launcher.array_parallelism=1", "launcher.points_per_job=32"],
 }
 
 
-def measure(launcher: str) -> dict[str, float]:
+def union(spans: list[tuple[float, float]]) -> float:
+    total, end = 0.0, float("-inf")
+    for a, b in sorted(spans):
+        if b > end:
+            total += b - max(a, end)
+            end = b
+    return total
+
+
+def measure(grid: str, launcher: str, warm: bool, extra: list[str]) -> dict[str, float]:
     from mlflow.tracking import MlflowClient
 
     with tempfile.TemporaryDirectory() as d:
         uri = f"sqlite:///{d}/mlflow.db"
-        env_cmd = [sys.executable, "-m", "sweeper", "-m", *GRID, *SETTINGS[launcher], f"mlflow.tracking_uri={uri}"]
+        MlflowClient(uri).search_experiments()  # the store's tables first: not a sweep's cost
+        cmd = [sys.executable, "-m", "sweeper", "-m", *GRIDS[grid], *LAUNCHERS[launcher], *extra]
+        cmd += [f"launcher.warm={str(warm).lower()}", f"mlflow.tracking_uri={uri}"]
+        env = {**os.environ, "SWEEPSCALE_CACHE": f"{d}/cache"}  # the CPU references too, from scratch
         t0 = time.perf_counter()
-        subprocess.run(env_cmd, cwd=d, check=True, capture_output=True)
-        wall = time.perf_counter() - t0
+        done = subprocess.run(cmd, cwd=d, capture_output=True, text=True, env=env)
+        if done.returncode:
+            sys.exit(f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stderr[-3000:]}")
+        command = time.perf_counter() - t0
         client = MlflowClient(uri)
-        exp = client.get_experiment_by_name("sweepscale")
-        kids = [r for r in client.search_runs([exp.experiment_id]) if "mlflow.parentRunId" in r.data.tags]
-        assert len(kids) == 9 and all(r.info.status == "FINISHED" for r in kids)
-        in_runs = sum((r.info.end_time - r.info.start_time) / 1e3 for r in kids)
-        training = sum(r.data.metrics["time/epoch_s"] for r in kids)
-    parallel = 2 if launcher.endswith("-2") else 1
-    return {"wall": wall, "in_runs": in_runs, "training": training, "per_point": (wall - in_runs / parallel) / 9}
+        runs = client.search_runs([client.get_experiment_by_name("sweepscale").experiment_id], max_results=1000)
+        (parent,) = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+        kids = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
+        assert kids and all(r.info.status == "FINISHED" for r in kids)
+        training = sum(m.value for r in kids for m in client.get_metric_history(r.info.run_id, "time/epoch_s"))
+    spans = [(r.info.start_time / 1e3, r.info.end_time / 1e3) for r in kids]
+    sweep = (parent.info.end_time - parent.info.start_time) / 1e3
+    start = min(a for a, _ in spans) - parent.info.start_time / 1e3
+    busy = union(spans)
+    first = [r.data.metrics["time/to_first_batch_s"] for r in kids if "time/to_first_batch_s" in r.data.metrics]
+    return {
+        "points": len(kids),
+        "command": command,
+        "sweep": sweep,
+        "start": start,
+        "busy": busy,
+        "in_runs": sum(b - a for a, b in spans),
+        "training": training,
+        "first_batch": statistics.median(first) if first else float("nan"),
+        "per_point": (sweep - start - busy) / len(kids),
+    }
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--launchers", nargs="+", default=["local", "slurm", "local-2"])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--grid", choices=GRIDS, default="tiny")
+    parser.add_argument("--launchers", nargs="+", choices=LAUNCHERS, default=["local"])
+    parser.add_argument("--modes", nargs="+", choices=["warm", "cold"], default=["warm", "cold"])
+    parser.add_argument("--data", help="data.dir for every point (default: the config's)")
+    parser.add_argument("extra", nargs="*", help="more overrides for every point")
     args = parser.parse_args()
-    table = Table(title="9-point sweep, points one at a time (seconds)")
-    for col in ("launcher", "sweep wall", "in runs (MLflow span)", "training (epochs)", "overhead per point"):
+    extra = [*args.extra, *([f"data.dir={os.path.abspath(args.data)}"] if args.data else [])]
+    table = Table(title=f"sweep overhead, grid {args.grid}: {' '.join(GRIDS[args.grid] + extra)} (seconds)")
+    cols = ("launcher", "mode", "points", "command", "sweep", "start", "busy (share)", "training", "first batch")
+    for col in (*cols, "overhead/point"):
         table.add_column(col, justify="right")
     for launcher in args.launchers:
-        m = measure(launcher)
-        table.add_row(
-            launcher, f"{m['wall']:.1f}", f"{m['in_runs']:.1f}", f"{m['training']:.2f}", f"{m['per_point']:.2f}"
-        )
-    Console(width=120).print(table)
+        for mode in args.modes:
+            m = measure(args.grid, launcher, mode == "warm", extra)
+            share = m["busy"] / m["command"]
+            table.add_row(
+                launcher,
+                mode,
+                str(m["points"]),
+                f"{m['command']:.1f}",
+                f"{m['sweep']:.1f}",
+                f"{m['start']:.2f}",
+                f"{m['busy']:.1f} ({share:.0%})",
+                f"{m['training']:.2f}",
+                f"{m['first_batch']:.3f}",
+                f"{m['per_point'] * 1e3:.0f} ms",
+            )
+    Console(width=160).print(table)
 
 
 if __name__ == "__main__":

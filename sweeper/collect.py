@@ -32,9 +32,13 @@ def collect(
         else:
             error = flight.finished.get(p.index)
             status = run.info.status if run is not None else ("FAILED" if error else "FINISHED")
+            if run is None and "CANCELLED" in str(error):  # its worker's allocation was cancelled first
+                status = "KILLED"
             if status == "RUNNING":  # the job ended before its trainer could end the run: say how
                 status = "KILLED" if "CANCELLED" in str(error) else "FAILED"
+                record.client.set_tag(run.info.run_id, metrics.TAG_ERROR, f"{error}"[-5000:])
                 record.client.set_terminated(run.info.run_id, status)
+                run = record.client.get_run(run.info.run_id)
             if error is not None and status == "FINISHED":
                 status = "FAILED"
             text = ""

@@ -22,8 +22,11 @@ from trainer.errors import ConfigError
 class LauncherConfig:
     """What every launcher has."""
 
-    timeout_min: int = 60  # a job's time limit (Slurm's --time)
+    timeout_min: int = 60  # a point's time limit (a warm job's: this times its points; Slurm's --time)
     folder: str | None = None  # submitit's folder for job files and logs (null: inside the sweep dir)
+    # Warm workers: ranks start once and serve many points (trainer/worker.py); false: a process per point.
+    warm: bool = True
+    max_restarts: int = 2  # fresh workers for the points left after a worker died, per queue
 
 
 @dataclass
@@ -53,6 +56,7 @@ class SlurmLauncherConfig(LauncherConfig):
     cpus_per_task: int = 1
     pmi: str = "pmi2"  # srun --mpi=...: pmi2 with the mpich wheel, pmix with Open MPI
     array_parallelism: int = 16
+    points_per_job: int = 8  # warm: points one allocation serves (a job array of such chunks)
     sbatch_args: dict[str, str] = field(default_factory=dict)
     srun_args: list[str] = field(default_factory=list)
     setup: list[str] = field(default_factory=list)
@@ -102,6 +106,9 @@ def register() -> None:
     cs.store(name="sweep_schema", node=SweepConfig)
     for name, node in SCHEMAS.items():
         cs.store(group="launcher", name=f"{name}_schema", node=node)
+    # Hydra's basic sweeper, checking the grid with the launcher's fast composition (BasicSweeperConf's keys).
+    sweeper = {"_target_": "hydra_plugins.sweepscale_launcher.sweeper.SweepscaleSweeper", "max_batch_size": None}
+    cs.store(group="hydra/sweeper", name="sweepscale", node={**sweeper, "params": None})
     cs.store(
         group="hydra/launcher",
         name="sweepscale",

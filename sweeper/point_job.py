@@ -1,4 +1,4 @@
-"""What a point's job runs (each Slurm task runs it too). Standard library only: every job
+"""What a point's job, or a warm worker's, runs (each Slurm task runs it too). Standard library only: every job
 imports this module to unpickle its function, so it must start fast."""
 
 from __future__ import annotations
@@ -16,9 +16,28 @@ class PointFailedError(RuntimeError):
     """The trainer of a point exited with a non-zero status."""
 
 
+class PointCancelledError(PointFailedError):
+    """The trainer (or worker) ended on SIGTERM: scancel, the sweep's Ctrl-C, a time limit."""
+
+
+TERMINATED = (143, -15)  # 128 + SIGTERM as the trainer returns it; -15 when the signal ended it
+
+
 def run_point(config_dir: str, env: dict[str, str]) -> int:
-    """The job's body (every Slurm task runs it): start the trainer, pass signals on."""
+    """A cold point's job body (every Slurm task runs it): start the trainer, pass signals on."""
     cmd = [sys.executable, "-m", "trainer", "--config-dir", config_dir, "--config-name", POINT_CONFIG]
+    return _run(cmd, env, f"trainer exited with status {{status}} (config {config_dir}/{POINT_CONFIG}.yaml)")
+
+
+def run_worker(queue: str, name: str, nproc: int, mpiexec: str | None, env: dict[str, str]) -> int:
+    """A warm worker's job body (every Slurm task runs it): serve the queue's points (trainer/worker.py)."""
+    cmd = [sys.executable, "-m", "trainer.worker", queue, "--name", name, "--nproc", str(nproc)]
+    if mpiexec:
+        cmd += ["--mpiexec", mpiexec]
+    return _run(cmd, env, f"worker {name} exited with status {{status}} (queue {queue})")
+
+
+def _run(cmd: list[str], env: dict[str, str], failure: str) -> int:
     # srun's PMI hands each task a socket (PMI_FD); the trainer, not this wrapper, is the rank.
     keep = (int(os.environ["PMI_FD"]),) if "PMI_FD" in os.environ else ()
     proc = subprocess.Popen(cmd, env={**os.environ, **env}, pass_fds=keep)
@@ -29,6 +48,8 @@ def run_point(config_dir: str, env: dict[str, str]) -> int:
     for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR2):
         signal.signal(s, forward)
     status = proc.wait()
+    if status in TERMINATED:
+        raise PointCancelledError("CANCELLED: " + failure.format(status=status) + " on SIGTERM")
     if status:
-        raise PointFailedError(f"trainer exited with status {status} (config {config_dir}/{POINT_CONFIG}.yaml)")
+        raise PointFailedError(failure.format(status=status))
     return 0

@@ -62,10 +62,10 @@ def step(runner: Runner, flight: Flight) -> None:
     for p, job in runner.start(flight.queued):
         flight.running[p.index] = (p, job)
         flight.logs[p.index] = link_logs(p, job)
-    for index, (p, job) in list(flight.running.items()):
+    for index, (_p, job) in list(flight.running.items()):
         if job.done():
             flight.finished[index] = job.exception()
-            runner.release(p)
+            runner.release(job)
             del flight.running[index]
 
 
@@ -73,6 +73,7 @@ def cancel_all(runner: Runner, flight: Flight, poll_s: float) -> None:
     jobs = [job for _p, job in flight.running.values()]
     for job in jobs:
         runner.cancel(job)
+    runner.stop()
     deadline = time.monotonic() + CANCEL_GRACE_S
     while time.monotonic() < deadline and not all(job.done() for job in jobs):
         time.sleep(poll_s)

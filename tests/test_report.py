@@ -17,9 +17,9 @@ pytestmark = pytest.mark.mpi
 TINY = ["epochs=2", "data.n_train=200", "data.n_test=50", "hidden=16"]
 
 
-def read_csv(path: Path) -> dict[str, dict[str, str]]:
+def read_csv(path: Path, key: str = "point") -> dict[str, dict[str, str]]:
     with open(path) as f:
-        return {row["point"]: row for row in csv.DictReader(f)}
+        return {row[key]: row for row in csv.DictReader(f)}
 
 
 def report_cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
@@ -76,6 +76,17 @@ def test_sweep_ends_with_a_report_of_every_point(study_sweep):
     for png in ("convergence", "finals", "weight_error", "scaling_strong", "scaling_weak", "phases", "roofline"):
         assert (folder / f"{png}.png").stat().st_size > 10_000, png
 
+    # Overhead: the parent's wall time holds every run's span, which holds its training.
+    (over,) = read_csv(folder / "overhead.csv", key="sweep").values()
+    assert over["sweep"] == parent.data.tags[metrics.TAG_SWEEP_ID] and over["points"] == "8"
+    wall, in_run, training = (float(over[k]) for k in ("wall_s", "in_run_s", "training_s"))
+    assert wall >= training > 0 and in_run >= training
+    assert training == pytest.approx(sum(float(r["training_s"]) for r in rows.values()), rel=1e-3)
+    assert float(over["overhead_per_point_s"]) == pytest.approx((wall - training) / 8, abs=1e-3)
+    assert int(over["warm"]) + int(over["cold"]) == 8
+    assert all(float(r["in_run_s"]) >= float(r["training_s"]) for r in rows.values())
+    assert "<h2>Overhead</h2>" in (folder / "report.html").read_text()
+
 
 def test_report_is_attached_to_the_parent_run(study_sweep):
     from mlflow.tracking import MlflowClient
@@ -96,6 +107,8 @@ def test_report_is_attached_to_the_parent_run(study_sweep):
         == children_of(uri, parent.info.run_id)[best].data.metrics[metrics.TEST_PRECISION]
     )
     assert parent.data.metrics["study/finished"] == 8
+    assert "Overhead (s)" in note
+    assert parent.data.metrics["study/wall_s"] >= parent.data.metrics["study/training_s"] > 0
     assert parent.data.tags[metrics.TAG_COMMAND].startswith("python -m sweeper -m nproc=1,2")
     assert not [k for k in parent.data.params if k.startswith("mlflow.")]
 

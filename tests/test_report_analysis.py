@@ -101,3 +101,67 @@ def test_best_ignores_nan_and_missing():
     assert analysis.best([0.5, math.nan, 0.9, None]) == 2
     assert analysis.best([0.5, 0.2], higher=False) == 1
     assert analysis.best([None, math.nan]) is None
+
+
+def run(sweep_id: str = "s1", start: int = 0, end: int | None = 10_000, epochs=(2.0, 3.0), **kw):
+    from sweeper.report.study import Point
+
+    tags, first = kw.pop("tags", {}), kw.pop("first", None)
+    values = {} if first is None else {"time/to_first_batch_s": first}
+    return Point(
+        "p",
+        "r",
+        sweep_id,
+        "FINISHED",
+        {},
+        values,
+        tags,
+        epoch_s=list(enumerate(epochs)),
+        start_ms=start,
+        end_ms=end,
+        **kw,
+    )
+
+
+def parent(sweep_id: str = "s1", start: int = 0, end: int | None = 60_000):
+    from sweeper.report.study import Sweep
+
+    return Sweep(sweep_id, "pr", "sweep", "FINISHED", "", "", "", "", "", start, end, "")
+
+
+def test_overhead_sums_runs_and_training_against_the_sweeps_wall_time():
+    from sweeper.report import overhead
+
+    runs = [
+        run(tags={"sweepscale.warm": "true", "sweepscale.worker": "h:1"}, first=0.5),
+        run(start=10_000, end=25_000, epochs=(4.0,), tags={"sweepscale.warm": "true", "sweepscale.worker": "h:2"}),
+        run(start=25_000, end=30_000, tags={"sweepscale.warm": "true", "sweepscale.worker": "h:1"}, first=0.1),
+        run(tags={"sweepscale.warm": "false"}, first=2.0),
+        run(end=None, epochs=(1.0,)),  # untagged (older, cold) and never ended: no span
+        run(reused=True),  # ran in an earlier sweep: not this one's cost
+        run("s2"),
+    ]
+    (o,) = overhead.per_sweep([parent()], runs)
+    assert (o.sweep_id, o.wall_s, o.points) == ("s1", 60.0, 5)
+    assert o.in_run_s == pytest.approx(10 + 15 + 5 + 10 + 0)
+    assert o.training_s == pytest.approx(5 + 4 + 5 + 5 + 1)
+    assert o.per_point_s == pytest.approx((60 - 20) / 5)
+    assert o.first_batch_s == 0.5  # the median of 0.5, 0.1 and 2.0; runs without it left out
+    assert (o.warm, o.cold, o.workers) == (3, 2, 2)
+    assert o.row()["overhead_per_point_s"] == 8.0
+
+
+def test_overhead_of_a_sweep_with_parallel_or_no_points_and_old_runs():
+    from sweeper.report import overhead
+
+    # Two 50 s points side by side in 30 s: more training than wall time, a negative overhead.
+    (o,) = overhead.per_sweep([parent(end=30_000)], [run(epochs=(50.0,)), run(epochs=(50.0,))])
+    assert o.per_point_s == pytest.approx(-35.0)
+    assert (o.first_batch_s, o.warm, o.cold, o.workers) == (None, 0, 2, 0)
+    assert o.row()["first_batch_median_s"] == ""
+    # A parent still running counts to now; a sweep that ran nothing has no overhead per point.
+    (o,) = overhead.per_sweep([parent(end=None)], [run(reused=True)], now_ms=5_000)
+    assert (o.wall_s, o.points, o.per_point_s, o.training_s) == (5.0, 0, None, 0)
+    # Several sweeps: each over its own runs.
+    both = overhead.per_sweep([parent("s1"), parent("s2", 0, 20_000)], [run("s1"), run("s2"), run("s2")])
+    assert [(o.sweep_id, o.points, o.wall_s) for o in both] == [("s1", 1, 60.0), ("s2", 2, 20.0)]

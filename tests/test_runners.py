@@ -30,6 +30,7 @@ GOLDEN_LAUNCHER = [
     "launcher.pmi=pmix",
     "launcher.array_parallelism=2",
     "launcher.folder=/sweeps/demo/.submitit",
+    "launcher.points_per_job=2",  # warm: three points make a job array of two allocations
     "+launcher.sbatch_args.reservation=mine",
     "launcher.srun_args=['--cpu-bind=none']",
     "launcher.setup=['module load cuda','export OMP_NUM_THREADS=1']",
@@ -43,8 +44,9 @@ def golden_preview() -> tuple[str, dict]:
     cfg = compose_sweep(GOLDEN_LAUNCHER)
     runner = make_runner(cfg.launcher, Path("/unused"), "sweepscale-golden")
     shape = Shape(nodes=2, tasks_per_node=4, gpus_per_task=1)
-    groups = {shape: [None, None, None]}  # three points of one shape: one array of three tasks
-    return runner.preview(groups)[shape.describe()], runner.parameters(shape)
+    groups = {shape: [None, None, None]}  # three points of one shape: one array of two chunks
+    (text,) = runner.preview(groups).values()
+    return text, runner.parameters(shape, 2)
 
 
 def test_sbatch_preview_matches_golden_file():
@@ -57,7 +59,7 @@ def test_sbatch_preview_is_what_submitit_writes():
     slurm = pytest.importorskip("submitit.slurm.slurm")
     text, params = golden_preview()
     script = slurm._make_sbatch_string(
-        command="python -u -m submitit.core._submit", folder="/sweeps/demo/.submitit/%j", map_count=3, **params
+        command="python -u -m submitit.core._submit", folder="/sweeps/demo/.submitit/%j", map_count=2, **params
     )
     theirs = [line for line in script.splitlines() if line.startswith(("#SBATCH", "srun"))]
     theirs[-1:-1] = params["setup"]  # setup lines come between the #SBATCH lines and srun

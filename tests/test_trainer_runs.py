@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -137,6 +138,17 @@ def test_run_lands_with_every_metric(idx_dir, mlflow_uri, tmp_path):
         np.testing.assert_array_equal(
             f["W1"], model.Layout(784, 16).views(model.init_params(model.Layout(784, 16), 0, "float64")).W1
         )
+
+
+def test_time_to_first_batch_is_logged(idx_dir, mlflow_uri, tmp_path):
+    """From the process's start to its first batch: positive, and within the process's wall time."""
+    t0 = time.time()
+    result = trainer([*COMMON, f"data.dir={idx_dir}"], tmp_path)  # one rank: the run is created beside training
+    wall = time.time() - t0
+    assert result.returncode == 0, result.stderr
+    _, run = only_run(mlflow_uri)
+    assert 0 < run.data.metrics[metrics.TIME_TO_FIRST_BATCH] < wall
+    assert run.info.start_time / 1e3 <= t0 + wall and run.data.params["hidden"] == "16"
 
 
 def test_experiment_from_environment(idx_dir, mlflow_uri, tmp_path, monkeypatch):

@@ -8,10 +8,28 @@ synchronous and ``time.perf_counter`` is exact. Every batch's durations are kept
 
 from __future__ import annotations
 
+import os
 import time
+from functools import cache
 from typing import Any
 
 import numpy as np
+
+_IMPORTED = time.time()  # process_start's fallback: as early as this module is imported
+
+
+@cache
+def process_start() -> float:
+    """When this process started, as a ``time.time()`` value. Linux: its start in the kernel's boot
+    clock (/proc/self/stat field 22, clock ticks), put on the wall clock through CLOCK_BOOTTIME
+    (/proc/stat's btime is whole seconds only); elsewhere, when trainer.clock was first imported."""
+    try:
+        with open("/proc/self/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()  # after "pid (comm)": comm may hold spaces
+        started = int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22: the 20th after comm
+        return time.time() - (time.clock_gettime(time.CLOCK_BOOTTIME) - started)
+    except (OSError, ValueError, IndexError, AttributeError):  # not Linux
+        return _IMPORTED
 
 
 class PhaseClock:
@@ -25,6 +43,7 @@ class PhaseClock:
             self.nvtx = cupy_nvtx
         self.samples: dict[str, list[float]] = {p: [] for p in (*phases, "batch")}
         self._batch: list[Any] = []
+        self.first_start: float | None = None  # time.time() at the first batch's start: the time to first batch
         self._pending: list[list[Any]] = []
         if gpu:
             import cupy
@@ -39,6 +58,8 @@ class PhaseClock:
         return event
 
     def start(self) -> None:
+        if self.first_start is None:
+            self.first_start = time.time()
         self._batch = [self._now()]
         if self.nvtx:
             self.nvtx.RangePush(self.phases[0])

@@ -63,6 +63,11 @@ class DType(str, Enum):
     float64 = "float64"
 
 
+class FaultKind(str, Enum):
+    error = "error"  # a Python error: the rank records it and ends the run FAILED
+    kill = "kill"  # SIGKILL: the process is gone at once, as the OOM killer would leave it
+
+
 class Init(str, Enum):
     fan_in = "fan_in"  # W ~ N(0, 1/fan_in), b = 0: pre-activations of order one on [0, 1] pixels
     course = "course"  # W = 0.01 N(0, 1), b = 0: the course's C++ (NeuralNetwork(): 0.01 * arma::randn, b.zeros)
@@ -141,10 +146,11 @@ class MpiConfig:
 
 @dataclass
 class FaultConfig:
-    # Fault injection, to exercise the failure path of runs and sweeps: raise on this rank
-    # at this global iteration. Null: no fault.
+    # Fault injection, to exercise the failure path of runs and sweeps: on this rank at this
+    # global iteration, raise an error (kind=error) or die by SIGKILL (kind=kill). Null: no fault.
     rank: int | None = None
     iteration: int | None = None
+    kind: FaultKind = FaultKind.error
 
 
 @dataclass

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
-from rich.console import Console
-from rich.table import Table
+from functools import cache
+from typing import Any
 
-console = Console(stderr=False, highlight=False)
+
+@cache
+def _console() -> Any:
+    from rich.console import Console  # imported at the first line printed: not on the way to the first batch
+
+    return Console(stderr=False, highlight=False)
 
 
 def should_print(epoch: int, epochs: int) -> bool:
@@ -15,12 +20,14 @@ def should_print(epoch: int, epochs: int) -> bool:
 def epoch_line(epoch: int, epochs: int, loss: float, precision: float | None, seconds: float) -> None:
     if should_print(epoch, epochs):
         prec = "" if precision is None else f"  test precision {precision:.4f}"
-        console.print(f"epoch {epoch:>{len(str(epochs))}}/{epochs}  loss {loss:.5f}{prec}  {seconds:.3f} s")
+        _console().print(f"epoch {epoch:>{len(str(epochs))}}/{epochs}  loss {loss:.5f}{prec}  {seconds:.3f} s")
 
 
 def summary(run_id: str, uri: str, rows: dict[str, str]) -> None:
+    from rich.table import Table
+
     table = Table(title=f"run {run_id}", show_header=False)
     for key, value in rows.items():
         table.add_row(key, value)
-    console.print(table)
-    console.print(f"see it with: mlflow ui --backend-store-uri {uri}")
+    _console().print(table)
+    _console().print(f"see it with: mlflow ui --backend-store-uri {uri}")

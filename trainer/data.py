@@ -50,12 +50,15 @@ class Dataset:
         return self.x_train.shape[1]
 
     def fingerprint(self) -> str:
-        """Hash of the bytes the model sees, for the reference cache."""
-        h = hashlib.sha256()
-        for a in (self.x_train, self.y_train):
-            h.update(str(a.shape).encode() + str(a.dtype).encode())
-            h.update(np.ascontiguousarray(a).data)
-        return h.hexdigest()[:16]
+        """Hash of the bytes the model sees, for the reference cache; computed once (a warm worker
+        asks at every point of a data set it keeps)."""
+        if "_fingerprint" not in self.__dict__:  # frozen: the memo goes around __setattr__
+            h = hashlib.sha256()
+            for a in (self.x_train, self.y_train):
+                h.update(str(a.shape).encode() + str(a.dtype).encode())
+                h.update(np.ascontiguousarray(a).data)
+            self.__dict__["_fingerprint"] = h.hexdigest()[:16]
+        return self.__dict__["_fingerprint"]
 
 
 def _find(folder: Path, stem: str) -> Path:

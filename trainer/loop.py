@@ -6,6 +6,8 @@ CPU reference: only the array module and the all-reduce differ.
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -68,6 +70,13 @@ class InjectedFaultError(RuntimeError):
     """Raised on purpose (config ``fault.*``) to exercise the failure path of runs and sweeps."""
 
 
+def inject_fault(kind: str, rank: int, iteration: int) -> None:
+    """The fault of config ``fault.*``: raise, or (kind=kill) die at once as the OOM killer leaves a rank."""
+    if kind == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    raise InjectedFaultError(f"fault injected on rank {rank} at iteration {iteration} (config fault.*)")
+
+
 def sgd_step(
     step: Any,
     xb: Any,
@@ -111,6 +120,7 @@ def fit(
     on_epoch: Callable[[EpochResult], None] | None = None,
     fault_iteration: int | None = None,
     options: StepOptions = GENERIC,
+    fault_kind: str = "error",
 ) -> Any:
     """Train ``params`` (a flat xp array, updated in place) and return it.
 
@@ -154,7 +164,7 @@ def fit(
             if clock:
                 clock.mark()
             if fault_iteration is not None and iteration == fault_iteration:
-                raise InjectedFaultError(f"fault injected on rank {rank} at iteration {iteration} (config fault.*)")
+                inject_fault(fault_kind, rank, iteration)
             sgd_step(step, xb, yb, stop - start, schedule, losses[b : b + 1], clock)
             sizes[b] = stop - start
             iteration += 1

@@ -50,6 +50,11 @@ EXPERIMENT_KIND = "custom_model_development"
 TAG_SCHEDULER = "sweepscale.scheduler"
 TAG_COMMAND = "sweepscale.command"
 TAG_SWEEP_DIR = "sweepscale.sweep_dir"
+# How a run's process started: warm (a worker that serves many points) or cold (its own process).
+TAG_WARM = "sweepscale.warm"  # "true" | "false"
+TAG_WORKER = "sweepscale.worker"  # which worker served it (host:pid of its rank 0), warm runs only
+# Seconds from the process's start (cold) or the point's claim (warm) to its first batch.
+TIME_TO_FIRST_BATCH = "time/to_first_batch_s"
 
 
 def phase_time(phase: str) -> str:

@@ -62,9 +62,9 @@ def mpiexec_env() -> dict[str, str]:
     return env
 
 
-def run_under_mpiexec(mpiexec: str, nproc: int, argv: list[str]) -> int:
-    """Start ``python -m trainer argv`` on nproc ranks; forward SIGTERM/SIGINT; return its status."""
-    cmd = [mpiexec, "-n", str(nproc), sys.executable, "-m", "trainer", *argv]
+def run_under_mpiexec(mpiexec: str, nproc: int, argv: list[str], module: str = "trainer") -> int:
+    """Start ``python -m <module> argv`` on nproc ranks; forward SIGTERM/SIGINT; return its status."""
+    cmd = [mpiexec, "-n", str(nproc), sys.executable, "-m", module, *argv]
     proc = subprocess.Popen(cmd, env=mpiexec_env())
 
     def forward(signum: int, _frame: Any) -> None:

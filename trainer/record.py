@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
-from trainer import flops, metrics, model, parallel, provenance, reference, tracking
+from trainer import flops, metrics, model, parallel, reference, reference_jobs, tracking
 from trainer.backend import Backend
 from trainer.config import config_hash
 from trainer.loop import GENERIC, Schedule
@@ -35,9 +35,12 @@ def flat_params(cfg: DictConfig) -> dict[str, Any]:
 
 
 def start_recording(
-    cfg: DictConfig, uri: str, world: parallel.World, backend: Backend, hosts: list[str]
+    cfg: DictConfig, uri: str, world: parallel.World, backend: Backend, hosts: list[str], background: bool = False
 ) -> tracking.Recorder:
-    tags = {
+    """The run, with its tags, params and config.yaml; with ``background``, created in a thread
+    (tracking.Recorder) while training starts. The config is resolved here either way: an error in
+    it stops the run before it trains."""
+    own = {
         metrics.TAG_CONFIG_HASH: config_hash(cfg),
         "sweepscale.mpi_library": world.library,
         "sweepscale.world_size": str(world.size),
@@ -45,43 +48,54 @@ def start_recording(
         "sweepscale.device_name": backend.device_name,
         "sweepscale.hosts": ",".join(sorted(set(hosts))),
         metrics.TAG_TIMING: "cuda-events" if backend.kind == "gpu" else "perf-counter",
+        metrics.TAG_WARM: "false",  # a warm worker's tags (in cfg.mlflow.tags) say otherwise
         **{f"sweepscale.version.{k}": v for k, v in backend.versions.items()},
-        **provenance.code_tags(),
-        **dict(cfg.mlflow.tags),
     }
+    configured = dict(cfg.mlflow.tags)
     if cfg.mlflow.parent_run_id:
-        tags["mlflow.parentRunId"] = cfg.mlflow.parent_run_id
-    recorder = tracking.Recorder(uri, tracking.experiment_name(cfg.mlflow.experiment), cfg.mlflow.run_name, tags)
-    recorder.log_params(flat_params(cfg))
-    recorder.log_text(OmegaConf.to_yaml(cfg, resolve=True), "config.yaml")
-    return recorder
+        configured["mlflow.parentRunId"] = cfg.mlflow.parent_run_id
+
+    def tags() -> dict[str, str]:
+        from trainer import provenance  # git and importlib.metadata: with the run's creation, off the first batch's way
+
+        return {**own, **provenance.code_tags(), **configured}
+
+    params, text = flat_params(cfg), OmegaConf.to_yaml(cfg, resolve=True)
+
+    def setup(recorder: tracking.Recorder) -> None:
+        recorder.log_params(params)
+        recorder.log_text(text, "config.yaml")
+
+    experiment = tracking.experiment_name(cfg.mlflow.experiment)
+    return tracking.Recorder(uri, experiment, cfg.mlflow.run_name, tags, setup, background)
+
+
+def start_reference(
+    cfg: DictConfig, layout: model.Layout, schedule: Schedule, init: np.ndarray, ds: Any
+) -> reference_jobs.Job:
+    """The sequential NumPy run of this config, started beside the training (trainer/reference_jobs.py)."""
+    dtype, seed, init_kind, scale = cfg.dtype.value, cfg.seed, cfg.model.init.value, cfg.data.scale.value
+
+    def key(fingerprint: str) -> str:
+        return reference.cache_key(layout, schedule, dtype, seed, fingerprint, init=init_kind, scale=scale)
+
+    d = cfg.data
+    spec = reference_jobs.DataSpec(d.dir, d.n_train, d.n_test, dtype, scale)
+    return reference_jobs.submit(spec, ds.fingerprint, key, layout, init, schedule, cfg.check.cache_dir)
 
 
 def check_against_reference(
-    recorder: tracking.Recorder,
-    cfg: DictConfig,
-    layout: model.Layout,
-    schedule: Schedule,
-    init: np.ndarray,
-    final: np.ndarray,
-    ds: Any,
+    recorder: tracking.Recorder, job: reference_jobs.Job, layout: model.Layout, final: np.ndarray
 ) -> str:
-    """The weights' relative error against the sequential NumPy run (cached): logged, and returned
-    as the summary's row."""
-    key = reference.cache_key(
-        layout,
-        schedule,
-        cfg.dtype.value,
-        cfg.seed,
-        ds.fingerprint(),
-        init=cfg.model.init.value,
-        scale=cfg.data.scale.value,
-    )
-    ref, cached = reference.reference_params(layout, init, ds.x_train, ds.y_train, schedule, cfg.check.cache_dir, key)
-    errors = reference.relative_errors(layout, final, ref)
+    """The weights' relative error against the sequential NumPy run, once ``job`` has it: logged, and
+    returned as the summary's row. The job's error, if any, is raised here."""
+    ref = job.result()
+    errors = reference.relative_errors(layout, final, ref.params)
     for name, err in errors.items():
         recorder.metric(metrics.weight_error(name), err)
-    recorder.set_tags({"sweepscale.reference": "cached" if cached else "computed", "sweepscale.reference_key": key})
+    recorder.set_tags(
+        {"sweepscale.reference": "cached" if ref.cached else "computed", "sweepscale.reference_key": ref.key}
+    )
     return f"{errors['max']:.3e}"
 
 

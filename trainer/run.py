@@ -10,21 +10,22 @@ import signal
 import socket
 import sys
 import traceback
-from dataclasses import replace
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 from omegaconf import DictConfig
 
-from trainer import console, metrics, model, parallel, tracking
+from trainer import console, metrics, model, parallel, reference_jobs, tracking
 from trainer import data as data_mod
 from trainer.backend import Backend, gpu_count, select
-from trainer.clock import PhaseClock
+from trainer.clock import PhaseClock, process_start
 from trainer.config import Gemm, validate
 from trainer.errors import ConfigError
 from trainer.loop import STEP_PHASES, EpochResult, Schedule, fit
 from trainer.options import StepOptions
-from trainer.record import check_against_reference, record_performance, start_recording
+from trainer.record import check_against_reference, record_performance, start_recording, start_reference
 
 
 class Terminated(BaseException):
@@ -56,7 +57,10 @@ def main(cfg: DictConfig, argv: list[str]) -> int:
         if parallel.launcher_rank() == 0:  # every rank finds the same error: say it once
             print(f"Error: {e}", file=sys.stderr)
         return 2
-    return train_and_record(cfg, world, ds)
+    try:
+        return train_and_record(cfg, world, ds)
+    finally:  # a run that failed may leave its reference computing: nothing waits for it now
+        reference_jobs.shutdown()
 
 
 def load_data(cfg: DictConfig) -> data_mod.Dataset:
@@ -67,8 +71,50 @@ def schedule_of(cfg: DictConfig) -> Schedule:
     return Schedule(cfg.batch_size, cfg.lr, cfg.reg, cfg.epochs, cfg.data.shuffle, cfg.seed)
 
 
-def train_and_record(cfg: DictConfig, world: parallel.World, ds: data_mod.Dataset) -> int:
-    """Run on every rank. Rank 0 records; any failure ends the run and aborts the world."""
+KILLED_STATUS = 143  # 128 + SIGTERM: the run ended KILLED; a warm worker stops serving points
+
+
+@dataclass
+class Pending:
+    """Rank 0's run, trained and recorded but for its reference check: :meth:`finish` waits for the
+    reference, logs its error and ends the run. A warm worker trains the next point meanwhile."""
+
+    job: reference_jobs.Job | None  # None: no reference to wait for
+    beside: bool  # trained on a GPU: the next point may train while the CPU computes the reference
+    end: Callable[[], None]
+    recorder: tracking.Recorder
+
+    def done(self) -> bool:
+        return self.job is None or self.job.done()
+
+    def finish(self) -> int:
+        """0, 1 (FAILED: the reference or the store failed) or KILLED_STATUS (SIGTERM while waiting)."""
+        try:
+            self.end()
+            return 0
+        except BaseException as e:
+            return _record_failure(e, self.recorder.uri, self.recorder.settled_run_id(), self.recorder, 0)
+
+    def abandon(self) -> None:
+        """End the run KILLED without its check: the worker is ending before the reference did."""
+        error = Terminated("the worker ended before this run's reference check")
+        _record_failure(error, self.recorder.uri, self.recorder.settled_run_id(), self.recorder, 0, traced=False)
+
+
+def train_and_record(
+    cfg: DictConfig, world: parallel.World, ds: data_mod.Dataset, *, origin: float | None = None
+) -> int:
+    """Run on every rank; 0, 1 (FAILED) or KILLED_STATUS. Rank 0 waits for the reference and ends the run."""
+    outcome = train_and_defer(cfg, world, ds, origin=origin)
+    return outcome.finish() if isinstance(outcome, Pending) else outcome
+
+
+def train_and_defer(
+    cfg: DictConfig, world: parallel.World, ds: data_mod.Dataset, *, origin: float | None = None
+) -> int | Pending:
+    """Run on every rank: 1 (FAILED) or KILLED_STATUS if training failed, else 0 on ranks > 0 and on
+    rank 0 the run still to end (:class:`Pending`). Rank 0 records; a failure ends the run and, in a
+    world of several ranks (the others may wait in a collective), aborts the world."""
     uri = tracking.tracking_uri(cfg.mlflow.tracking_uri)
     recorder: tracking.Recorder | None = None
     run_id: str | None = None
@@ -78,25 +124,39 @@ def train_and_record(cfg: DictConfig, world: parallel.World, ds: data_mod.Datase
         options = StepOptions.resolve(cfg, backend.kind)  # the step's options, resolved once
         hosts = world.comm.gather(socket.gethostname())
         if world.rank == 0:
-            recorder = start_recording(cfg, uri, world, backend, hosts)
-            run_id = recorder.run_id
+            # Alone, rank 0 creates the run while it trains; other ranks need its id before (to record a failure).
+            background = world.size == 1 and tracking.opens_in_background(uri)
+            recorder = start_recording(cfg, uri, world, backend, hosts, background)
+            run_id = None if background else recorder.run_id
         run_id = world.comm.bcast(run_id)
-        train_on_rank(cfg, options, world, backend, ds, recorder)
-        return 0
+        try:
+            pending = train_on_rank(cfg, options, world, backend, ds, recorder, origin)
+        finally:  # a run created in the background: its id, once known, lets a failure be recorded
+            if recorder is not None:
+                run_id = recorder.settled_run_id()
+        return 0 if pending is None else pending
     except BaseException as e:
-        status = "KILLED" if isinstance(e, (KeyboardInterrupt, Terminated)) else "FAILED"
-        text = traceback.format_exc()
-        print(f"[rank {world.rank}] run {status}:\n{text}", file=sys.stderr, flush=True)
-        if run_id is not None:
-            try:
-                if recorder is not None:
-                    recorder.flush()
-                tracking.mark_ended(uri, run_id, status, text, world.rank)
-            except Exception as record_error:  # the store may be what failed
-                print(f"[rank {world.rank}] could not record the failure: {record_error}", file=sys.stderr)
+        status = _record_failure(e, uri, run_id, recorder, world.rank)
         if world.size > 1:
             world.abort(1)  # the other ranks may wait in a collective: end them all now
-        return 1
+        return status
+
+
+def _record_failure(
+    e: BaseException, uri: str, run_id: str | None, recorder: tracking.Recorder | None, rank: int, traced: bool = True
+) -> int:
+    """End the run FAILED, or KILLED on Ctrl-C or SIGTERM, with the error; returns the status."""
+    status = "KILLED" if isinstance(e, (KeyboardInterrupt, Terminated)) else "FAILED"
+    text = traceback.format_exc() if traced else f"{type(e).__name__}: {e}"
+    print(f"[rank {rank}] run {status}:\n{text}", file=sys.stderr, flush=True)
+    if run_id is not None:
+        try:
+            if recorder is not None:
+                recorder.flush()
+            tracking.mark_ended(uri, run_id, status, text, rank)
+        except Exception as record_error:  # the store may be what failed
+            print(f"[rank {rank}] could not record the failure: {record_error}", file=sys.stderr)
+    return KILLED_STATUS if status == "KILLED" else 1
 
 
 def train_on_rank(
@@ -106,7 +166,11 @@ def train_on_rank(
     backend: Backend,
     ds: data_mod.Dataset,
     recorder: tracking.Recorder | None,
-) -> None:
+    origin: float | None = None,
+) -> Pending | None:
+    """``origin``: a time.time() value, the start of the time to first batch (None: this process's start).
+    Rank 0 returns its run, to end once the reference is there; other ranks None."""
+    origin = process_start() if origin is None else origin
     xp, on_gpu = backend.xp, backend.kind == "gpu"
     layout = model.Layout(D=ds.n_features, H=cfg.hidden, C=data_mod.N_CLASSES)
     schedule = schedule_of(cfg)
@@ -123,8 +187,11 @@ def train_on_rank(
         options.comm, world, on_gpu, backend.n_devices, xp, n, dtype, options.beside_gemm, options.nccl_window
     )
     overlap = options.overlap and allreduce.via == "nccl"  # NCCL alone can overlap
+    job = None
     if recorder is not None:
         recorder.set_tags(options.tags(type(allreduce).__name__, overlap))
+        if cfg.check.reference and on_gpu:  # beside the GPU's training, on CPU cores it leaves idle
+            job = start_reference(cfg, layout, schedule, init, ds)
 
     def on_epoch(e: EpochResult) -> None:
         if recorder is None:
@@ -133,6 +200,8 @@ def train_on_rank(
             recorder.metric(metrics.TRAIN_LOSS, value, e.first_iteration + i)
         recorder.metric(metrics.TRAIN_LOSS_EPOCH, e.mean_loss, e.epoch)
         recorder.metric(metrics.EPOCH_TIME, e.seconds, e.epoch)
+        if e.epoch == 1 and clock.first_start is not None:
+            recorder.metric(metrics.TIME_TO_FIRST_BATCH, clock.first_start - origin)
         precision = None
         if len(ds.y_test):
             precision = float(model.correct(layout.views(params), x_test, y_test)) / len(ds.y_test)
@@ -144,7 +213,10 @@ def train_on_rank(
     last: dict[str, float | None] = {}
     fault = cfg.fault.iteration if cfg.fault.rank == world.rank else None
     rank, size = world.rank, world.size
-    fit(xp, layout, params, x_train, y_train, schedule, rank, size, allreduce, clock, on_epoch, fault, options)
+    fit(
+        *(xp, layout, params, x_train, y_train, schedule, rank, size, allreduce, clock, on_epoch, fault, options),
+        fault_kind=cfg.fault.kind.value,
+    )
     # perf.repeats: the first epoch timed again on scratch weights, on every rank (the sums are collective).
     repeat_ms = [clock.medians()["batch"]]  # r = 0: the training run's own median
     first_epoch = replace(schedule, epochs=1)
@@ -154,7 +226,9 @@ def train_on_rank(
         fit(xp, layout, xp.array(init), x_train, y_train, first_epoch, **keywords)
         repeat_ms.append(repeat_clock.medians()["batch"])
     if recorder is None:
-        return
+        return None
+    if cfg.check.reference and job is None:  # on the CPU, after the timed batches: it would take their cores
+        job = start_reference(cfg, layout, schedule, init, ds)
     if allreduce.via == "nccl":  # the window's state is known once fit has asked it for the gradient's buffer
         recorder.set_tags({"sweepscale.nccl_window": allreduce.window_state})
     final = backend.to_host(params)
@@ -171,13 +245,18 @@ def train_on_rank(
         "ms per batch (median)": f"{phase_ms['batch']:.3f}",
         "ranks x device": f"{world.size} x {backend.kind} ({backend.device_name})",
     }
-    if cfg.check.reference:
-        rows["max weight error vs CPU"] = check_against_reference(recorder, cfg, layout, schedule, init, final, ds)
     if cfg.save.weights:
         recorder.log_npz("weights_initial.npz", dict(zip(model.NAMES, layout.views(init))))
         recorder.log_npz("weights_final.npz", dict(zip(model.NAMES, layout.views(final))))
-    recorder.finish("FINISHED")
-    console.summary(recorder.run_id, recorder.uri, rows)
+    recorder.flush()  # all but the check is in the store while the reference may still be computing
+
+    def end() -> None:
+        if job is not None:
+            rows["max weight error vs CPU"] = check_against_reference(recorder, job, layout, final)
+        recorder.finish("FINISHED")
+        console.summary(recorder.run_id, recorder.uri, rows)
+
+    return Pending(job, on_gpu, end, recorder)
 
 
 def _pinned(a: np.ndarray) -> Any:

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import os
 import tempfile
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -62,51 +64,143 @@ def ensure_experiment(mlflow_client: Any, uri: str, name: str) -> str:
 
 
 class Recorder:
-    """One MLflow run, written by rank 0 with batched calls."""
+    """One MLflow run, written by rank 0 with batched calls.
 
-    def __init__(self, uri: str, experiment: str, run_name: str | None, tags: dict[str, str]) -> None:
-        from mlflow.entities import Metric, Param
+    With ``background`` the run is created (and ``setup`` run on it) in a thread while training
+    starts: :meth:`metric` and :meth:`set_tags` only queue, every call that needs the run waits for
+    the thread, and the first such call raises the thread's error, so the run fails with it."""
 
-        self._Metric, self._Param = Metric, Param
+    def __init__(
+        self,
+        uri: str,
+        experiment: str,
+        run_name: str | None,
+        tags: dict[str, str] | Callable[[], dict[str, str]],
+        setup: Callable[[Recorder], None] | None = None,
+        background: bool = False,
+    ) -> None:
+        """``tags``: the run's, or a function giving them (called where the run is created)."""
         self.uri = uri
-        self.client = client(uri)
-        exp_id = ensure_experiment(self.client, uri, experiment)
-        self.run_id = self.client.create_run(exp_id, run_name=run_name, tags=tags).info.run_id
-        self._metrics: list[Any] = []
+        self.client: Any = None
+        self._run_id: str | None = None
+        self._metrics: list[tuple[str, float, int, int]] = []  # (key, value, ms since the epoch, step)
+        self._tags: dict[str, str] = {}  # queued until the run exists
+        self._error: BaseException | None = None
+        self._thread: threading.Thread | None = None
+        opening = (experiment, run_name, tags, setup, int(time.time() * 1000))  # started now, created maybe later
+        if not background:
+            self._open(*opening)
+            return
+        self._thread = threading.Thread(target=self._open_catching, args=opening, name="mlflow-run", daemon=True)
+        self._thread.start()
 
+    def _open(
+        self,
+        experiment: str,
+        run_name: str | None,
+        tags: dict[str, str] | Callable[[], dict[str, str]],
+        setup: Callable[[Recorder], None] | None,
+        start_ms: int,
+    ) -> None:
+        tags = tags() if callable(tags) else tags
+        self.client = client(self.uri)
+        exp_id = ensure_experiment(self.client, self.uri, experiment)
+        self._run_id = self.client.create_run(exp_id, start_time=start_ms, tags=tags, run_name=run_name).info.run_id
+        if setup is not None:
+            setup(self)
+
+    def _open_catching(self, *opening: Any) -> None:
+        try:
+            self._open(*opening)
+        except BaseException as e:  # kept for the main thread: raised by the next call that needs the run
+            self._error = e
+
+    def _wait(self) -> None:
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join()
+            self._thread = None
+
+    def _ready(self) -> str:
+        """The run's id, once created. Raises the opening's error once (a failure path may still
+        record into a run that exists), then, while there is no run, a RuntimeError."""
+        self._wait()
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+        if self._run_id is None:
+            raise RuntimeError(f"no MLflow run: it could not be created in {self.uri}")
+        return self._run_id
+
+    @property
+    def run_id(self) -> str:
+        return self._ready()
+
+    def settled_run_id(self) -> str | None:
+        """The run's id, or None where it could not be created; waits for the opening, never raises."""
+        self._wait()
+        return self._run_id
+
+    # Each method waits for the run (_ready) before it imports MLflow: importing it in two threads at
+    # once can find its circular imports half done.
     def log_params(self, params: dict[str, Any]) -> None:
-        items = [self._Param(k, str(v)) for k, v in params.items()]
+        run_id = self._ready()
+        from mlflow.entities import Param
+
+        items = [Param(k, str(v)) for k, v in params.items()]
         for i in range(0, len(items), 100):
-            self.client.log_batch(self.run_id, params=items[i : i + 100])
+            self.client.log_batch(run_id, params=items[i : i + 100])
 
     def set_tags(self, tags: dict[str, str]) -> None:
+        """Sent now if the run exists, else with the next :meth:`flush`."""
+        self._tags.update({k: str(v) for k, v in tags.items()})
+        if self._thread is None or not self._thread.is_alive():
+            self._send_tags()
+
+    def _send_tags(self) -> None:
+        run_id = self._ready()
         from mlflow.entities import RunTag
 
-        self.client.log_batch(self.run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
+        if self._tags:
+            self.client.log_batch(run_id, tags=[RunTag(k, v) for k, v in self._tags.items()])
+        self._tags = {}
 
     def metric(self, key: str, value: float, step: int = 0) -> None:
         """Queue one value; nothing is sent until :meth:`flush`."""
-        self._metrics.append(self._Metric(key, float(value), int(time.time() * 1000), step))
+        self._metrics.append((key, float(value), int(time.time() * 1000), int(step)))
 
     def flush(self) -> None:
-        for i in range(0, len(self._metrics), BATCH):
-            self.client.log_batch(self.run_id, metrics=self._metrics[i : i + BATCH])
+        self._send_tags()
+        run_id = self._ready()
+        from mlflow.entities import Metric
+
+        queued = [Metric(*m) for m in self._metrics]
+        for i in range(0, len(queued), BATCH):
+            self.client.log_batch(run_id, metrics=queued[i : i + BATCH])
         self._metrics = []
 
     def log_text(self, text: str, name: str) -> None:
-        self.client.log_text(self.run_id, text, name)
+        self.client.log_text(self._ready(), text, name)
 
     def log_npz(self, name: str, arrays: dict[str, Any]) -> None:
         import numpy as np
 
+        run_id = self._ready()
         with tempfile.TemporaryDirectory() as d:
             path = Path(d) / name
             np.savez(path, **arrays)
-            self.client.log_artifact(self.run_id, str(path))
+            self.client.log_artifact(run_id, str(path))
 
     def finish(self, status: str = "FINISHED") -> None:
         self.flush()
-        self.client.set_terminated(self.run_id, status)
+        self.client.set_terminated(self._ready(), status)
+
+
+def opens_in_background(uri: str) -> bool:
+    """Whether a run in ``uri`` may be created while training starts: a SQLite file in an existing
+    folder. Any other store is opened first, so that a wrong URI stops the run before it trains."""
+    if not uri.startswith("sqlite:///"):
+        return False
+    return Path(uri[len("sqlite:///") :]).expanduser().resolve().parent.is_dir()
 
 
 def mark_ended(uri: str, run_id: str, status: str, error: str, rank: int) -> None:

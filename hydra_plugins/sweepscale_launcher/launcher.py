@@ -25,6 +25,7 @@ class SweepscaleLauncher(Launcher):
         self.hydra_context, self.config = hydra_context, config
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        from hydra_plugins.sweepscale_launcher.compose import PointComposer
         from sweeper.plan import trainer_config
         from sweeper.points import Point, labels
         from sweeper.sweep import run_sweep
@@ -33,9 +34,11 @@ class SweepscaleLauncher(Launcher):
         sweep_dir = Path(str(self.config.hydra.sweep.dir)).resolve()
         points = []
         names = labels([list(o) for o in job_overrides])
+        # Hydra's load_sweep_config for each point, without recomposing what points share (issue #19).
+        composer = PointComposer(self.hydra_context.config_loader, self.config)
         try:
             for i, overrides in enumerate(job_overrides):
-                cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
+                cfg = composer.compose(list(overrides))
                 with open_dict(cfg):
                     cfg.hydra.job.num = initial_job_idx + i
                 subdir = str(OmegaConf.select(cfg, "hydra.sweep.subdir"))

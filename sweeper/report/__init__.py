@@ -1,8 +1,9 @@
 """The study report: every sweep ends with the comparison it was run for.
 
 study.py reads a sweep from MLflow, analysis.py finds axes, scaling families, divergence and
-regimes, convergence.py / scaling.py / roofline.py draw, page.py writes the HTML, publish.py
-puts it all in the sweep folder and on the parent run. ``python -m sweeper.report`` rebuilds it.
+regimes, overhead.py what the sweep cost around its training, convergence.py / scaling.py /
+roofline.py draw, page.py writes the HTML, publish.py puts it all in the sweep folder and on the
+parent run. ``python -m sweeper.report`` rebuilds it.
 """
 
 from __future__ import annotations

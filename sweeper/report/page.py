@@ -40,6 +40,7 @@ def write(path: Path, study: Any, report: Any, axis: list[str], scaling_rows: li
         missing=study.missing,
         machine=machine(study),
         csv_b64=csv_b64,
+        overhead=[o.row() for o in report.overhead],
     )
     path.write_text(html)
     return path

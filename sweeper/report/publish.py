@@ -9,11 +9,13 @@ from __future__ import annotations
 import csv
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from sweeper.report import analysis, convergence, page, scaling
+from sweeper.report.overhead import Overhead, in_run_s, per_sweep
 from sweeper.report.roofline import roofline_figure
 from sweeper.report.study import Point, Study
 from trainer import metrics
@@ -28,6 +30,7 @@ class Report:
     rows: list[dict[str, Any]] = field(default_factory=list)  # the CSV's rows
     summary: str = ""  # Markdown
     best: Point | None = None
+    overhead: list[Overhead] = field(default_factory=list)  # one per sweep
     seconds: float = 0.0
 
 
@@ -74,10 +77,13 @@ def build(study: Study, folder: Path) -> Report:
         fig["Roofline"] = roof[0]
     report.rows = csv_rows(points, every_axis, fams, finished)
     write_csv(report.rows, folder / "points.csv")
+    # A study built by hand has no runs list: its points are then the runs it ran.
+    report.overhead = per_sweep(study.sweeps, study.runs or study.points)
+    write_csv([o.row() for o in report.overhead], folder / "overhead.csv")
     i = analysis.best([p.metrics.get(metrics.TEST_PRECISION) for p in finished])
     report.best = finished[i] if i is not None else None
     table = scaling.family_table(fams)
-    report.summary = summary_markdown(study, points, report.best, fams, regimes)
+    report.summary = summary_markdown(study, points, report.best, fams, regimes, report.overhead)
     (folder / "summary.md").write_text(report.summary)
     page.write(folder / "report.html", study, report, every_axis, table, regimes)
     report.seconds = time.perf_counter() - t0
@@ -122,6 +128,10 @@ def csv_rows(points: list[Point], axis: list[str], fams: list, finished: list[Po
                 "utilization": m.get(metrics.UTILIZATION, ""),
                 "arithmetic_intensity": m.get(metrics.ARITHMETIC_INTENSITY, ""),
                 "training_s": sum(v for _e, v in p.epoch_s) if p.epoch_s else "",
+                "in_run_s": in_run_s(p) if p.end_ms is not None else "",
+                "to_first_batch_s": m.get(metrics.TIME_TO_FIRST_BATCH, ""),
+                "warm": p.tags.get(metrics.TAG_WARM, ""),
+                "worker": p.tags.get(metrics.TAG_WORKER, ""),
             }
         )
         for kind in ("strong", "weak"):
@@ -145,7 +155,12 @@ def _num(value: Any, spec: str) -> str:
 
 
 def summary_markdown(
-    study: Study, points: list[Point], best: Point | None, fams: list, regimes: dict[str, list]
+    study: Study,
+    points: list[Point],
+    best: Point | None,
+    fams: list,
+    regimes: dict[str, list],
+    overhead: Sequence[Overhead] = (),
 ) -> str:
     """The parent run's description in the MLflow UI: what ran, the best point, the tables."""
     s = study.sweeps[0]
@@ -163,9 +178,6 @@ def summary_markdown(
             f"(run `{best.run_id}`).",
             "",
         ]
-    wall, train = wall_and_training(study, points)
-    if wall:
-        lines += [f"Sweep wall time {wall:.1f} s for {train:.2f} s of training (the rest is start-up and waiting).", ""]
     lines += ["| point | status | final loss | precision | ms/batch | max weight err |", "|---|---|---|---|---|---|"]
     for p in points:
         m, bad = p.metrics, p.diverged
@@ -183,16 +195,28 @@ def summary_markdown(
     for label, segs in regimes.items():
         text = "; ".join(f"B {g.lo}->{g.hi}: {g.name} (slope {g.slope:.2f})" for g in segs)
         lines += ["", f"Batch-size regimes, {label}: {text}"]
+    lines += overhead_markdown(overhead)
     lines += ["", f"Figures, CSV and the HTML report: artifacts `{ARTIFACT_DIR}/` of this run."]
     return "\n".join(lines)
 
 
-def wall_and_training(study: Study, points: list[Point]) -> tuple[float, float]:
-    """The sweeps' wall time and the sum of their points' training time (reused points excluded)."""
-    now = time.time() * 1000
-    wall = sum(((s.end_ms or now) - s.start_ms) / 1e3 for s in study.sweeps)
-    train = sum(v for p in points if not p.reused for _e, v in p.epoch_s)
-    return wall, train
+def overhead_markdown(overhead: Sequence[Overhead]) -> list[str]:
+    """The summary's overhead table, one row per sweep (seconds)."""
+    if not overhead:
+        return []
+    lines = [
+        "",
+        "Overhead (s): wall = parent run start to end; per point = (wall - training) / points",
+        "",
+        "| sweep | wall | points | in runs | training | per point | first batch (median) | warm / cold | workers |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for o in overhead:
+        lines.append(
+            f"| {o.sweep_id} | {o.wall_s:.1f} | {o.points} | {o.in_run_s:.1f} | {o.training_s:.2f} "
+            f"| {_num(o.per_point_s, '.2f')} | {_num(o.first_batch_s, '.2f')} | {o.warm} / {o.cold} | {o.workers} |"
+        )
+    return lines
 
 
 def publish(client: Any, parent_id: str, report: Report, points: list[Point]) -> None:
@@ -207,6 +231,11 @@ def publish(client: Any, parent_id: str, report: Report, points: list[Point]) ->
         "study/failed": sum(p.status in ("FAILED", "KILLED") for p in points),
         "study/report_s": report.seconds,
     }
+    if len(report.overhead) == 1:  # this parent's own sweep
+        o = report.overhead[0]
+        values.update({"study/wall_s": o.wall_s, "study/training_s": o.training_s, "study/in_run_s": o.in_run_s})
+        if o.per_point_s is not None:
+            values["study/overhead_per_point_s"] = o.per_point_s
     if report.best is not None:
         values["study/best_precision"] = report.best.metrics[metrics.TEST_PRECISION]
         tags += [RunTag("study.best_point", report.best.name), RunTag("study.best_run_id", report.best.run_id)]

@@ -38,6 +38,8 @@ class Point:
     epoch_s: list[tuple[int, float]] = field(default_factory=list)
     batch_ms_repeats: list[float] = field(default_factory=list)
     reused: bool = False  # a FINISHED run of an earlier sweep that this sweep skipped
+    start_ms: int | None = None  # the child run's span in MLflow
+    end_ms: int | None = None
 
     def get(self, key: str, default: Any = None) -> Any:
         return self.config.get(key, default)
@@ -75,6 +77,8 @@ class Study:
     sweeps: list[Sweep]
     points: list[Point]
     missing: list[tuple[str, str]] = field(default_factory=list)  # (point, why) without a run
+    # Every run a sweep ran itself, a point's failed run that a later sweep redid included: its cost.
+    runs: list[Point] = field(default_factory=list)
 
     @property
     def label(self) -> str:
@@ -117,6 +121,8 @@ def load_point(client: Any, run: Any, name: str, reused: bool = False) -> Point:
         epoch_s=_series(client, rid, metrics.EPOCH_TIME),
         batch_ms_repeats=repeats,
         reused=reused,
+        start_ms=run.info.start_time,
+        end_ms=run.info.end_time,
     )
 
 
@@ -153,6 +159,7 @@ def load(client: Any, parents: list[Any]) -> Study:
     sweeps = [load_sweep(p) for p in parents]
     by_name: dict[str, Point] = {}
     missing: list[tuple[str, str]] = []
+    runs: list[Point] = []
     for sweep, parent in zip(sweeps, parents):
         children = client.search_runs(
             [parent.info.experiment_id],
@@ -167,6 +174,7 @@ def load(client: Any, parents: list[Any]) -> Study:
             name = entry["name"]
             if name in own:
                 point = load_point(client, own[name], name)
+                runs.append(point)
             elif entry.get("reused_run"):
                 point = load_point(client, client.get_run(entry["reused_run"]), name, reused=True)
             else:
@@ -177,4 +185,4 @@ def load(client: Any, parents: list[Any]) -> Study:
             if earlier is None or point.status == "FINISHED" or earlier.status != "FINISHED":
                 by_name[name] = point
     missing = [(n, why) for n, why in missing if n not in by_name]
-    return Study(sweeps, list(by_name.values()), missing)
+    return Study(sweeps, list(by_name.values()), missing, runs)

@@ -53,12 +53,16 @@ class Runner(Protocol):
         """Start what can start now, removing it from ``queued``; the rest waits for a release."""
         ...
 
-    def release(self, point: Point) -> None:
-        """The point's job is done: give its resources back."""
+    def release(self, job: Job) -> None:
+        """The job is done: give its resources back."""
         ...
 
     def cancel(self, job: Job) -> None:
         """Ask the job to end (SIGTERM to the trainer, which ends its run KILLED)."""
+        ...
+
+    def stop(self) -> None:
+        """The sweep was interrupted: end what the runner holds beyond the jobs (idle workers)."""
         ...
 
 

@@ -58,7 +58,10 @@ class DebugRunner:
         error = None if status == 0 else PointFailedError(f"trainer returned status {status}")
         return [(point, FinishedInProcess(error))]
 
-    def release(self, point: Point) -> None:
+    def release(self, job: FinishedInProcess) -> None:
+        pass
+
+    def stop(self) -> None:
         pass
 
     def cancel(self, job: FinishedInProcess) -> None:

@@ -1,7 +1,9 @@
-"""Points as local submitit jobs on this machine; each job's trainer starts its ranks with mpiexec.
+"""Points as local submitit jobs on this machine; each job starts its ranks with mpiexec.
 
-Jobs start while GPUs (or CPU cores) are free: points never share a GPU, cores are never
-oversubscribed, and a point that does not fit waits for a release.
+Warm (``launcher.warm``, the default): a job is a worker that serves a queue of points of one
+shape (sweeper/runners/warm.py); a shape's queue gets as many workers as fit at once. Cold: a
+job per point. Jobs start while GPUs (or CPU cores) are free: jobs never share a GPU, cores are
+never oversubscribed, and what does not fit waits for a release.
 """
 
 from __future__ import annotations
@@ -10,10 +12,11 @@ import contextlib
 import os
 import signal
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from sweeper.point_job import run_point
+from sweeper.point_job import run_point, run_worker
 from sweeper.points import Point, Shape
+from sweeper.runners.warm import Ticket, WarmPool
 from trainer.backend import gpu_count
 from trainer.errors import ConfigError
 
@@ -32,8 +35,9 @@ class LocalRunner:
         self.n_cpus = launcher.cpus if launcher.cpus is not None else (os.cpu_count() or 1)
         self.free_gpus = list(range(self.n_gpus))
         self.free_cpus = self.n_cpus
-        self.held: dict[int, list[int]] = {}
+        self.held: dict[str, list[int]] = {}  # job id -> the GPUs it holds
         self.executor = None
+        self.pool = WarmPool(folder, launcher.max_restarts) if launcher.warm else None
 
     def shape(self, point: Point) -> Shape:
         """GPUs when the point runs on GPUs, else CPU cores; never more than this machine has."""
@@ -59,33 +63,71 @@ class LocalRunner:
             import submitit  # heavy: only once there is something to start
 
             self.executor = submitit.LocalExecutor(folder=str(self.folder / "%j"))
-            self.executor.update_parameters(timeout_min=self.launcher.timeout_min)
+        if self.pool is not None:
+            return self._start_warm(queued)
         started = []
         for p in list(queued):  # in order; a point that does not fit now waits for a release
-            if not self._fits(p):
-                continue
-            env = {}
-            if p.shape.gpus_per_task:
-                ids, self.free_gpus = self.free_gpus[: p.nproc], self.free_gpus[p.nproc :]
-                self.held[p.index] = ids
-                env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, ids))
-            else:
-                self.free_cpus -= p.nproc
-            queued.remove(p)
-            started.append((p, self.executor.submit(run_point, str(p.dir), env)))
+            if self._fits(p.nproc, p.shape):
+                queued.remove(p)
+                job = self._submit(p.shape, p.nproc, 1, run_point, str(p.dir))
+                started.append((p, job))
         return started
 
-    def release(self, point: Point) -> None:
-        if point.shape.gpus_per_task:
-            self.free_gpus = sorted(self.free_gpus + self.held.pop(point.index, []))
+    def _start_warm(self, queued: list[Point]) -> list[tuple[Point, Job]]:
+        pool = self.pool
+        if not pool.queues:
+            pool.add(queued)
+        for _q, _name, job in pool.ended_workers():
+            self._give_back(job)
+        for q in pool.queues:  # in the sweep's order; a queue that does not fit waits for a release
+            shape = q.points[0].shape
+            for _ in range(pool.needs_workers(q)):
+                if not self._fits(q.nproc, shape):
+                    break
+                name = pool.new_name()
+                args = (str(q.dir), name, q.nproc, q.mpiexec)
+                q.workers[name] = self._submit(shape, q.nproc, len(q.points), run_worker, *args, env=q.env)
+        return pool.tickets(queued)
+
+    def _submit(self, shape: Shape, nproc: int, n_points: int, fn: Any, *args: Any, env: dict | None = None) -> Job:
+        """Take the job's GPUs (or cores) and start it; its time limit covers ``n_points`` points."""
+        env = dict(env or {})
+        ids = []
+        if shape.gpus_per_task:
+            ids, self.free_gpus = self.free_gpus[:nproc], self.free_gpus[nproc:]
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, ids))
         else:
-            self.free_cpus += point.nproc
+            self.free_cpus -= nproc
+        self.executor.update_parameters(timeout_min=self.launcher.timeout_min * n_points)
+        job = self.executor.submit(fn, *args, env)
+        self.held[job.job_id] = ids if shape.gpus_per_task else [-1] * nproc
+        return job
+
+    def _give_back(self, job: Job) -> None:
+        ids = self.held.pop(job.job_id, [])
+        if ids and ids[0] < 0:
+            self.free_cpus += len(ids)
+        else:
+            self.free_gpus = sorted(self.free_gpus + ids)
+
+    def release(self, job: Job) -> None:
+        if self.pool is None:  # a warm worker's resources come back when the worker ends
+            self._give_back(job)
 
     def cancel(self, job: Job) -> None:
         """SIGTERM to the job's process (a local job's id is its pid), which passes it to the
-        trainer and its ranks: they end their run KILLED and exit."""
-        with contextlib.suppress(ProcessLookupError, ValueError):
-            os.kill(int(job.job_id), signal.SIGTERM)
+        trainer and its ranks: they end their run KILLED and exit (a warm worker: its point's)."""
+        target = job.worker if isinstance(job, Ticket) else job
+        if target is not None:
+            with contextlib.suppress(ProcessLookupError, ValueError):
+                os.kill(int(target.job_id), signal.SIGTERM)
 
-    def _fits(self, p: Point) -> bool:
-        return p.nproc <= (len(self.free_gpus) if p.shape.gpus_per_task else self.free_cpus)
+    def stop(self) -> None:
+        """The sweep is interrupted: end the workers too, idle ones included."""
+        if self.pool is not None:
+            self.pool.stopping = True
+            for job in self.pool.live_jobs():
+                self.cancel(job)
+
+    def _fits(self, nproc: int, shape: Shape) -> bool:
+        return nproc <= (len(self.free_gpus) if shape.gpus_per_task else self.free_cpus)

@@ -1,6 +1,9 @@
 """submitit's Slurm executor: one job array per shape, all submitted at once; Slurm queues them.
 
-Each task of a job runs the point's job body and becomes one MPI rank through srun's PMI.
+Warm (``launcher.warm``, the default): each array task is one allocation whose srun step is a
+worker serving a chunk of ``points_per_job`` points (sweeper/runners/warm.py); its time limit
+covers the chunk. Cold: one array task per point. Each task of a job's srun step runs the job
+body and becomes one MPI rank through srun's PMI.
 The preview renders the sbatch lines from the same parameters the executor is given
 (`slurm_parameters`), in submitit's format; tests/data/sbatch_preview.txt is its golden file.
 """
@@ -13,8 +16,9 @@ import subprocess
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from sweeper.point_job import run_point
+from sweeper.point_job import run_point, run_worker
 from sweeper.points import Point, Shape
+from sweeper.runners.warm import Queue, Ticket, WarmPool
 from trainer.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -35,6 +39,7 @@ class SlurmRunner:
 
     def __init__(self, launcher: DictConfig, folder: Path, job_name: str) -> None:
         self.launcher, self.folder, self.job_name = launcher, folder, job_name
+        self.pool = WarmPool(folder, launcher.max_restarts) if launcher.warm else None
 
     def shape(self, point: Point) -> Shape:
         """nproc ranks over ceil(nproc / ranks per node) nodes, evenly; one GPU each on GPUs."""
@@ -71,46 +76,85 @@ class SlurmRunner:
             raise ConfigError(f"launcher.partition={partition}: Slurm says: {msg}")
 
     def preview(self, groups: dict[Shape, list[Point]]) -> dict[str, str]:
-        return {
-            shape.describe(): sbatch_preview(self.parameters(shape), self.folder / "%j", len(members))
-            for shape, members in groups.items()
-        }
+        out = {}
+        for shape, members in groups.items():
+            n_jobs, per_job = len(members), 1
+            if self.pool is not None:
+                per_job = min(self.launcher.points_per_job, len(members))
+                n_jobs = math.ceil(len(members) / per_job)
+            title = f"{shape.describe()}; {n_jobs} job(s) of {per_job} point(s)"
+            out[title] = sbatch_preview(self.parameters(shape, per_job), self.folder / "%j", n_jobs)
+        return out
 
-    def parameters(self, shape: Shape) -> dict[str, Any]:
-        return slurm_parameters(self.launcher, shape, self.job_name)
+    def parameters(self, shape: Shape, n_points: int = 1) -> dict[str, Any]:
+        return slurm_parameters(self.launcher, shape, self.job_name, n_points)
 
     def start(self, queued: list[Point]) -> list[tuple[Point, Job]]:
-        import submitit  # heavy: only once there is something to submit
-
+        if self.pool is not None:
+            return self._start_warm(queued)
         started = []
         by_shape: dict[Shape, list[Point]] = {}
         for p in queued:
             by_shape.setdefault(p.shape, []).append(p)
         for shape, todo in by_shape.items():
-            executor = submitit.SlurmExecutor(folder=str(self.folder / "%j"))
-            executor.update_parameters(**self.parameters(shape))
-            with executor.batch():
-                jobs = [executor.submit(run_point, str(p.dir), {}) for p in todo]
+            jobs = self._submit(shape, 1, [(run_point, str(p.dir), {}) for p in todo])
             for p, job in zip(todo, jobs):
                 queued.remove(p)
                 started.append((p, job))
         return started
 
-    def release(self, point: Point) -> None:
+    def _start_warm(self, queued: list[Point]) -> list[tuple[Point, Job]]:
+        """The first call queues the points in chunks and submits one array per shape; later calls
+        resubmit a chunk whose worker died with points left."""
+        pool = self.pool
+        fresh = pool.add(queued, chunk=self.launcher.points_per_job) if not pool.queues else []
+        pool.ended_workers()
+        again = [q for q in pool.queues if q not in fresh and not q.live() and pool.needs_workers(q)]
+        by_shape: dict[Shape, list[Queue]] = {}
+        for q in fresh + again:
+            by_shape.setdefault(q.points[0].shape, []).append(q)
+        for shape, qs in by_shape.items():
+            names = [pool.new_name() for _ in qs]
+            calls = [(run_worker, str(q.dir), n, q.nproc, q.mpiexec, q.env) for q, n in zip(qs, names)]
+            for q, name, job in zip(qs, names, self._submit(shape, max(len(q.points) for q in qs), calls)):
+                q.workers[name] = job
+        return pool.tickets(queued)
+
+    def _submit(self, shape: Shape, n_points: int, calls: list[tuple]) -> list[Job]:
+        """One job array of ``calls`` (function, arguments), each allocation timed for ``n_points``."""
+        import submitit  # heavy: only once there is something to submit
+
+        executor = submitit.SlurmExecutor(folder=str(self.folder / "%j"))
+        executor.update_parameters(**self.parameters(shape, n_points))
+        with executor.batch():
+            jobs = [executor.submit(fn, *args) for fn, *args in calls]
+        return jobs
+
+    def release(self, job: Job) -> None:
         pass  # Slurm holds the resources
 
     def cancel(self, job: Job) -> None:
-        job.cancel(check=False)  # scancel: Slurm sends SIGTERM to every task
+        """scancel: Slurm sends SIGTERM to every task (a warm point's: its worker's allocation)."""
+        target = job.worker if isinstance(job, Ticket) else job
+        if target is not None:
+            target.cancel(check=False)
+
+    def stop(self) -> None:
+        if self.pool is not None:
+            self.pool.stopping = True
+            for job in self.pool.live_jobs():
+                job.cancel(check=False)
 
 
-def slurm_parameters(launcher: DictConfig, shape: Shape, job_name: str) -> dict[str, Any]:
-    """submitit SlurmExecutor parameters for one shape's job array (also what the preview renders)."""
+def slurm_parameters(launcher: DictConfig, shape: Shape, job_name: str, n_points: int = 1) -> dict[str, Any]:
+    """submitit SlurmExecutor parameters for one shape's job array (also what the preview renders);
+    each job serves at most ``n_points`` points, and its time limit covers them."""
     params: dict[str, Any] = {
         "job_name": job_name,
         "nodes": shape.nodes,
         "ntasks_per_node": shape.tasks_per_node,
         "cpus_per_task": launcher.cpus_per_task,
-        "time": launcher.timeout_min,
+        "time": launcher.timeout_min * n_points,
         "array_parallelism": launcher.array_parallelism,
         "srun_args": [f"--mpi={launcher.pmi}", *launcher.srun_args],
         "setup": list(launcher.setup),
@@ -125,7 +169,7 @@ def slurm_parameters(launcher: DictConfig, shape: Shape, job_name: str) -> dict[
 
 
 def sbatch_preview(params: dict[str, Any], folder: Path, n_points: int) -> str:
-    """The #SBATCH lines, setup lines and srun line of one job array of ``n_points`` tasks, as
+    """The #SBATCH lines, setup lines and srun line of one job array of ``n_points`` jobs, as
     submitit writes them for these parameters (``folder`` holds ``%j``, as the executor's does)."""
     flags = {k: v for k, v in params.items() if k not in NOT_SBATCH and v is not None}
     flags.update(SUBMITIT_FIXED)

@@ -1,0 +1,22 @@
+"""Hydra's BasicSweeper, checking each batch with PointComposer rather than recomposing every point.
+
+BasicSweeper.validate_batch_is_legal composes every point with load_sweep_config before launching
+(as much again as the launcher's composition used to cost, issue #19). sweeper/config.py registers
+it as hydra/sweeper=sweepscale, which conf/sweep.yaml selects.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+
+
+class SweepscaleSweeper(BasicSweeper):
+    def validate_batch_is_legal(self, batch: Sequence[Sequence[str]]) -> None:
+        """The same early check, the same errors: every point composed, most by the fast path."""
+        from hydra_plugins.sweepscale_launcher.compose import PointComposer
+
+        composer = PointComposer(self.hydra_context.config_loader, self.config)
+        for overrides in batch:
+            composer.compose(list(overrides))

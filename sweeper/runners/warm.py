@@ -1,0 +1,205 @@
+"""Warm workers: points of one kind queued in a folder, served by ranks that start once.
+
+A queue holds the points one worker start can serve: the same shape (ranks, nodes, GPUs), GEMM
+mode and mpiexec. Locally a queue is a shape's points, served by as many workers as fit at once;
+on Slurm it is one allocation's chunk. Workers claim points as they go (trainer/worker.py); the
+pool turns each claim into a :class:`Ticket`, the Job the watch loop follows, and restarts a
+worker that died with points left, a bounded number of times. The runner that owns the pool
+decides where and how workers start (``launch``) and what they hold (``free``).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from sweeper.point_job import PointFailedError
+from trainer import worker as protocol
+
+if TYPE_CHECKING:
+    from sweeper.points import Point
+    from sweeper.runners.base import Job
+
+
+def queue_key(point: Point) -> tuple:
+    """What one worker start fixes for every point it serves."""
+    t = point.trainer
+    return (point.shape, t.gpu.gemm.value == "tf32", t.mpi.mpiexec)
+
+
+@dataclass
+class Queue:
+    dir: Path
+    points: list[Point]
+    workers: dict[str, Job] = field(default_factory=dict)  # worker name -> its job
+    ended: set[str] = field(default_factory=set)  # workers whose end the pool has handled
+    restarts: int = 0
+    given_up: str = ""  # why no worker serves the rest: the points left fail (or are KILLED) with it
+
+    @property
+    def nproc(self) -> int:
+        return self.points[0].nproc
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {"CUPY_TF32": "1"} if self.points[0].trainer.gpu.gemm.value == "tf32" else {}
+
+    @property
+    def mpiexec(self) -> str | None:
+        return self.points[0].trainer.mpi.mpiexec
+
+    def write(self) -> None:
+        """One ticket per point, named so that the worker takes them in the sweep's order."""
+        for sub in (protocol.TODO, protocol.CLAIMED):
+            (self.dir / sub).mkdir(parents=True, exist_ok=True)
+        for p in self.points:
+            (self.dir / protocol.TODO / f"{p.index:06d}").write_text(str(p.dir.resolve()))
+
+    def unclaimed(self) -> int:
+        return sum(1 for _ in (self.dir / protocol.TODO).iterdir())
+
+    def claims(self) -> dict[int, str]:
+        """Point index -> the name of the worker that claimed it."""
+        out = {}
+        for f in (self.dir / protocol.CLAIMED).iterdir():
+            index, name = f.name.split(".", 1)
+            out[int(index)] = name
+        return out
+
+    def live(self) -> list[str]:
+        return [n for n in self.workers if n not in self.ended]
+
+
+class Ticket:
+    """One point in a worker's hands, as the watch loop sees a job: done once the worker wrote
+    the point's result, or ended without writing it."""
+
+    def __init__(self, point: Point, worker: Job | None, name: str, failure: str = "") -> None:
+        self.point, self.worker, self.name, self.failure = point, worker, name, failure
+        self.job_id = f"{worker.job_id}/{name}" if worker is not None else "none"
+        self.paths = worker.paths if worker is not None else None
+
+    def _result(self) -> dict | None:
+        try:
+            return json.loads((self.point.dir / protocol.RESULT).read_text())
+        except (OSError, ValueError):
+            return None
+
+    def done(self) -> bool:
+        if self.worker is None or self._result() is not None:
+            return True
+        return self.worker.done() or self._result() is not None  # it may have written it meanwhile
+
+    def exception(self) -> BaseException | None:
+        if self.worker is None:
+            return PointFailedError(self.failure)
+        result = self._result()
+        if result is not None:
+            if result["status"] == 0:
+                return None
+            detail = _tail(self.point.dir / "worker_error.txt")
+            return PointFailedError(f"point ended with status {result['status']} in worker {result['worker']}{detail}")
+        return PointFailedError(f"worker {self.name} ended while running this point: {ended_how(self.worker)}")
+
+    def cancel(self, check: bool = True) -> None:
+        if self.worker is not None:
+            self.worker.cancel(check=check)
+
+
+def ended_how(job: Job) -> str:
+    """Why a worker's job ended; says CANCELLED when the scheduler or the sweep cancelled it."""
+    state = str(getattr(job, "state", ""))
+    error = job.exception()
+    text = f"{state}: {error}" if state and state not in str(error) else str(error)
+    return text or "it exited"
+
+
+def _tail(path: Path) -> str:
+    try:
+        return ": " + path.read_text().strip().splitlines()[-1]
+    except (OSError, IndexError):
+        return ""
+
+
+class WarmPool:
+    """The queues of a sweep and their workers."""
+
+    def __init__(self, folder: Path, max_restarts: int) -> None:
+        self.folder, self.max_restarts = folder, max_restarts
+        self.queues: list[Queue] = []
+        self.started: set[int] = set()  # point indices handed to the watch loop
+        self.stopping = False
+        self._names = 0
+
+    def add(self, points: list[Point], chunk: int | None = None) -> list[Queue]:
+        """Queue ``points`` (in order) by kind, ``chunk`` points at most per queue."""
+        by_key: dict[tuple, list[Point]] = {}
+        for p in points:
+            by_key.setdefault(queue_key(p), []).append(p)
+        added = []
+        for members in by_key.values():
+            size = chunk or len(members)
+            for i in range(0, len(members), size):
+                q = Queue(self.folder / "queues" / f"q{len(self.queues)}", members[i : i + size])
+                q.write()
+                self.queues.append(q)
+                added.append(q)
+        return added
+
+    def new_name(self) -> str:
+        self._names += 1
+        return f"w{self._names}"
+
+    def needs_workers(self, q: Queue) -> int:
+        """How many more workers ``q`` could use now."""
+        if q.given_up or self.stopping:
+            return 0
+        return max(0, q.unclaimed() - len(q.live()))
+
+    def tickets(self, queued: list[Point]) -> list[tuple[Point, Ticket]]:
+        """Points claimed since the last call (and the points of queues given up), as tickets;
+        removed from ``queued``."""
+        out = []
+        by_index = {p.index: p for p in queued}
+        for q in self.queues:
+            claims = q.claims()
+            for p in q.points:
+                if p.index in self.started or p.index not in by_index:
+                    continue
+                if p.index in claims:
+                    name = claims[p.index]
+                    ticket = Ticket(p, q.workers.get(name), name, f"worker {name} is not one of this sweep's")
+                elif q.given_up:
+                    ticket = Ticket(p, None, "none", q.given_up)
+                else:
+                    continue
+                self.started.add(p.index)
+                queued.remove(p)
+                out.append((p, ticket))
+        return out
+
+    def ended_workers(self) -> list[tuple[Queue, str, Job]]:
+        """Workers that ended since the last call; a queue whose worker died with points left gets
+        a restart, or, past ``max_restarts`` or when cancelled, is given up."""
+        out = []
+        for q in self.queues:
+            for name, job in q.workers.items():
+                if name in q.ended or not job.done():
+                    continue
+                q.ended.add(name)
+                out.append((q, name, job))
+                if q.unclaimed() == 0 or q.given_up:
+                    continue
+                how = ended_how(job)
+                if self.stopping or "CANCELLED" in how:  # scancel, Ctrl-C, a time limit: no restart
+                    q.given_up = f"CANCELLED: the worker's job was cancelled before this point ran ({how})"
+                elif job.exception() is not None:
+                    q.restarts += 1
+                    if q.restarts > self.max_restarts:
+                        q.given_up = f"gave up after {self.max_restarts} worker restart(s); the last: {how}"
+        return out
+
+    def live_jobs(self) -> list[Any]:
+        return [q.workers[n] for q in self.queues for n in q.live()]

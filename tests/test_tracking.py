@@ -1,0 +1,55 @@
+"""tracking.Recorder opening its run in the background: what waits, and how its errors surface."""
+
+from __future__ import annotations
+
+import pytest
+
+from trainer import metrics, tracking
+
+
+def test_background_run_records_what_a_foreground_one_does(mlflow_uri):
+    def setup(recorder: tracking.Recorder) -> None:
+        recorder.log_params({"hidden": 16})
+
+    recorder = tracking.Recorder(mlflow_uri, "bg", "r", lambda: {"a": "1"}, setup, background=True)
+    recorder.set_tags({"b": 2})  # queued while the run may not exist yet
+    recorder.metric(metrics.TRAIN_LOSS, 0.5, 3)
+    recorder.finish()
+    run = tracking.client(mlflow_uri).get_run(recorder.run_id)
+    assert run.info.status == "FINISHED" and run.info.run_name == "r"
+    assert run.data.params == {"hidden": "16"}
+    assert run.data.tags["a"] == "1" and run.data.tags["b"] == "2"
+    assert run.data.metrics == {metrics.TRAIN_LOSS: 0.5}
+
+
+def test_an_error_in_the_background_fails_the_run_once(mlflow_uri):
+    """The opening's error is raised by the next call that needs the run; the failure path can
+    then still record into the run that exists."""
+
+    def setup(_recorder: tracking.Recorder) -> None:
+        raise ValueError("params refused")
+
+    recorder = tracking.Recorder(mlflow_uri, "bg", None, {}, setup, background=True)
+    recorder.metric(metrics.TRAIN_LOSS, 0.5)  # only queued: never raises
+    with pytest.raises(ValueError, match="params refused"):
+        recorder.flush()
+    run_id = recorder.settled_run_id()
+    assert run_id is not None
+    recorder.flush()  # the failure path: the queued metrics still land
+    tracking.mark_ended(mlflow_uri, run_id, "FAILED", "Traceback: params refused", 0)
+    run = tracking.client(mlflow_uri).get_run(run_id)
+    assert run.info.status == "FAILED" and run.data.metrics == {metrics.TRAIN_LOSS: 0.5}
+
+
+def test_a_run_that_could_not_be_created_is_an_error(tmp_path):
+    (tmp_path / "mlflow.db").write_text("not a database")
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    assert tracking.opens_in_background(uri)
+    assert not tracking.opens_in_background(f"sqlite:///{tmp_path / 'missing' / 'mlflow.db'}")
+    assert not tracking.opens_in_background("http://localhost:5000")
+    recorder = tracking.Recorder(uri, "bg", None, {}, background=True)
+    with pytest.raises(Exception):  # noqa: B017  SQLAlchemy's or MLflow's, as a foreground opening raises
+        recorder.flush()
+    assert recorder.settled_run_id() is None
+    with pytest.raises(RuntimeError, match="no MLflow run"):
+        recorder.flush()

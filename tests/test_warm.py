@@ -1,0 +1,193 @@
+"""Warm workers (sweeper/runners/warm.py, trainer/worker.py): real ranks serving many points.
+
+Same results as cold processes, bit for bit; a failing point fails alone; a rank killed
+mid-point fails that point and a fresh worker finishes the rest; on the real Slurm one
+allocation serves a chunk of points, and scancel of it ends its unfinished points KILLED.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.test_sweeper import FAST, SLURM, children_of, parents, runs, slurm, sweep
+from trainer import metrics
+
+pytestmark = pytest.mark.mpi
+
+
+def final_weights(uri: str, run_id: str) -> dict[str, np.ndarray]:
+    from mlflow.tracking import MlflowClient
+
+    path = MlflowClient(uri).download_artifacts(run_id, "weights_final.npz")
+    with np.load(path) as z:
+        return {k: z[k] for k in z.files}
+
+
+def only_sweep(uri: str) -> dict:
+    (parent,) = parents(uri)
+    return children_of(uri, parent.info.run_id)
+
+
+@pytest.mark.parametrize(
+    "device",
+    [
+        ["device=cpu", "dtype=float64", "launcher.cpus=2"],
+        # float32 with the fused step and NCCL: the same GEMM mode warm and cold gives the same bits
+        pytest.param(["device=gpu", "dtype=float32", "gpu.gemm=bf16x3", "launcher.gpus=2"], marks=pytest.mark.gpu),
+    ],
+    ids=["cpu-float64", "gpu-float32"],
+)
+def test_warm_and_cold_give_bit_identical_weights(device, tmp_path):
+    # Three points per shape, so that one worker serves several of them one after another.
+    args = ["hidden=16,24,32", "nproc=1,2", *FAST, *device, "data.shuffle=true", "save.weights=true"]
+    kids = {}
+    for mode in ("true", "false"):
+        uri = f"sqlite:///{tmp_path / f'warm-{mode}.db'}"
+        result = sweep([*args, f"launcher.warm={mode}", f"mlflow.tracking_uri={uri}"], tmp_path)
+        assert result.returncode == 0, result.stdout + result.stderr
+        kids[mode] = (uri, only_sweep(uri))
+    (warm_uri, warm), (cold_uri, cold) = kids["true"], kids["false"]
+    assert set(warm) == set(cold) and len(warm) == 6
+    assert {r.data.tags[metrics.TAG_WARM] for r in warm.values()} == {"true"}
+    assert {r.data.tags[metrics.TAG_WARM] for r in cold.values()} == {"false"}
+    served = Counter(r.data.tags[metrics.TAG_WORKER] for r in warm.values())
+    assert max(served.values()) >= 2, served  # some worker trained several points
+    for name in warm:
+        a, b = final_weights(warm_uri, warm[name].info.run_id), final_weights(cold_uri, cold[name].info.run_id)
+        for key in a:
+            assert np.array_equal(a[key], b[key]), f"{name} {key} differs warm vs cold"
+
+
+def test_a_failing_point_leaves_the_worker_serving_the_next(tmp_path, mlflow_uri):
+    args = ["hidden=16,24", "fault.iteration=null,1", "fault.rank=0", *FAST, "launcher.cpus=1"]
+    result = sweep(args, tmp_path)
+    assert result.returncode == 1, result.stdout + result.stderr
+    kids = only_sweep(mlflow_uri)
+    assert len(kids) == 4 and len(runs(mlflow_uri)) == 5  # nothing duplicated
+    status = {name: r.info.status for name, r in kids.items()}
+    assert status == {
+        "hidden=16,fault.iteration=null": "FINISHED",
+        "hidden=16,fault.iteration=1": "FAILED",
+        "hidden=24,fault.iteration=null": "FINISHED",
+        "hidden=24,fault.iteration=1": "FAILED",
+    }
+    assert len({r.data.tags[metrics.TAG_WORKER] for r in kids.values()}) == 1  # one worker served all four
+    for name, r in kids.items():
+        if status[name] == "FAILED":
+            assert "fault injected on rank 0 at iteration 1" in r.data.tags[metrics.TAG_ERROR]
+        else:
+            assert len(r.data.metrics) > 10 and r.data.metrics[metrics.TRAIN_LOSS_EPOCH] > 0
+
+
+@pytest.mark.parametrize("restarts", [2, 0])
+def test_a_rank_killed_mid_point_fails_that_point_only(restarts, tmp_path, mlflow_uri):
+    # Rank 1 dies by SIGKILL in the points with fault.iteration=1; mpiexec ends the world.
+    args = ["hidden=16,24", "fault.iteration=null,1", "fault.rank=1", "fault.kind=kill", "nproc=2", *FAST]
+    t0 = time.monotonic()
+    result = sweep([*args, "launcher.cpus=2", f"launcher.max_restarts={restarts}"], tmp_path, timeout=300)
+    assert time.monotonic() - t0 < 240  # nothing hangs
+    assert result.returncode == 1, result.stdout + result.stderr
+    kids = only_sweep(mlflow_uri)
+    status = {name: r.info.status for name, r in kids.items()}
+    assert status["hidden=16,fault.iteration=null"] == "FINISHED"
+    assert status["hidden=16,fault.iteration=1"] == "FAILED"
+    killed = kids["hidden=16,fault.iteration=1"]
+    assert "ended while running this point" in killed.data.tags[metrics.TAG_ERROR]
+    assert "RUNNING" not in status.values() and len(runs(mlflow_uri)) == len(kids) + 1
+    if restarts:  # a fresh worker served the rest
+        assert status["hidden=24,fault.iteration=null"] == "FINISHED"
+        assert status["hidden=24,fault.iteration=1"] == "FAILED"
+        workers = {kids[n].data.tags[metrics.TAG_WORKER] for n in status if n.endswith("null")}
+        assert len(workers) == 2
+    else:  # no restart allowed: the points left never ran, and say why
+        assert set(kids) == {"hidden=16,fault.iteration=null", "hidden=16,fault.iteration=1"}
+        assert "gave up after 0 worker restart(s)" in result.stdout
+        assert result.stdout.count("FAILED") >= 3
+
+
+def sacct_steps(job_id: str) -> list[str]:
+    out = subprocess.run(["sacct", "-n", "-P", "-j", job_id, "-o", "JobID,State"], capture_output=True, text=True)
+    return [line for line in out.stdout.splitlines() if line]
+
+
+@slurm
+def test_slurm_one_allocation_serves_a_chunk(tmp_path, mlflow_uri):
+    args = ["hidden=8,16,24,32", *FAST, *SLURM, "launcher.points_per_job=2"]
+    result = sweep(args, tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    kids = only_sweep(mlflow_uri)
+    assert len(kids) == 4 and {r.info.status for r in kids.values()} == {"FINISHED"}
+    served = Counter(r.data.tags[metrics.TAG_WORKER] for r in kids.values())
+    assert sorted(served.values()) == [2, 2], served  # two allocations, two points each
+    logs = {Path(os.readlink(p)).parent.name for p in tmp_path.glob("multirun/*/*/*/stderr.log")}
+    assert len(logs) == 2  # the points' logs lead to two array tasks
+    array_id = next(iter(logs)).split("_")[0]
+    deadline = time.time() + 30  # slurmdbd records the ended jobs shortly after
+    while time.time() < deadline and len([s for s in sacct_steps(array_id) if "." not in s.split("|")[0]]) < 2:
+        time.sleep(1)
+    allocations = [s for s in sacct_steps(array_id) if "." not in s.split("|")[0]]
+    assert len(allocations) == 2 and all(s.endswith("COMPLETED") for s in allocations), allocations
+
+
+@slurm
+def test_slurm_scancel_of_a_chunk_kills_its_points_and_a_rerun_finishes_them(tmp_path, mlflow_uri):
+    runs(mlflow_uri)  # create the store first: polling must not race the sweeper's schema set-up
+    long_first = ["epochs=100000,1,2,3", "batch_size=50", "data.n_train=200", "data.n_test=50"]
+    cmd = [sys.executable, "-m", "sweeper", "-m", *long_first, *SLURM, "launcher.points_per_job=4"]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and not any(
+        r.info.status == "RUNNING" and "mlflow.parentRunId" in r.data.tags for r in runs(mlflow_uri)
+    ):
+        time.sleep(0.5)
+    (link,) = tmp_path.glob("multirun/*/*/0/stderr.log")  # the first point's folder leads to its allocation
+    subprocess.run(["scancel", Path(os.readlink(link)).parent.name], check=True)
+    try:
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        proc.kill()  # a sweep that hangs must not outlive the test (nor its allocations)
+        jobs = {d.name.split("_")[0] for d in tmp_path.glob("multirun/*/*/.submitit/*") if d.name[0].isdigit()}
+        subprocess.run(["scancel", *jobs], check=False)
+    assert proc.returncode == 1, out
+    kids = only_sweep(mlflow_uri)
+    assert {r.info.status for r in kids.values()} == {"KILLED"}, {n: r.info.status for n, r in kids.items()}
+    rows = [line for line in out[out.index("sweep summary") :].splitlines() if line.startswith("│ epochs=")]
+    assert len(rows) == 4 and all("KILLED" in r for r in rows), rows  # the running point, the 3 never claimed
+
+    # The short points again: they finish (the KILLED runs are not FINISHED, so nothing is skipped).
+    result = sweep(["epochs=1,2,3", "batch_size=50", "data.n_train=200", "data.n_test=50", *SLURM], tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "skip" not in result.stdout
+    newest = max(parents(mlflow_uri), key=lambda r: r.info.start_time)
+    assert {r.info.status for r in children_of(mlflow_uri, newest.info.run_id).values()} == {"FINISHED"}
+
+
+def test_worker_claims_are_atomic_between_workers(tmp_path):
+    """Two workers' rank 0s claim from one queue at once: every ticket is taken exactly once."""
+    from trainer.worker import CLAIMED, TODO, claim
+
+    queue = tmp_path / "q"
+    (queue / TODO).mkdir(parents=True)
+    (queue / CLAIMED).mkdir()
+    for i in range(200):
+        (queue / TODO / f"{i:06d}").write_text(str(tmp_path / f"p{i}"))
+    script = (
+        "import sys; from pathlib import Path; from trainer.worker import claim\n"
+        "while (d := claim(Path(sys.argv[1]), sys.argv[2])) is not None: print(d.name)\n"
+    )
+    procs = [
+        subprocess.Popen([sys.executable, "-c", script, str(queue), name], stdout=subprocess.PIPE, text=True)
+        for name in ("a", "b", "c")
+    ]
+    taken = [line for p in procs for line in io.StringIO(p.communicate(timeout=60)[0]).read().split()]
+    assert sorted(taken) == sorted(f"p{i}" for i in range(200))
+    assert claim(queue, "d") is None

@@ -1,0 +1,185 @@
+"""A warm worker: ranks that start once and train many points, one after another.
+
+    python -m trainer.worker QUEUE --name W [--nproc N] [--mpiexec PATH]
+
+QUEUE is a folder the sweeper fills before the worker starts: ``todo/<n>`` files, each holding
+the folder of one point (its config, as a cold job would run it). Rank 0 claims the
+next ticket by renaming it to ``claimed/<n>.<W>`` (atomic, so workers sharing a queue never take
+one point twice), the ranks train it with MPI, CuPy, MLflow and the data already loaded, and
+rank 0 writes ``result.json`` in the point's folder once the point's run has ended. A run trained
+on a GPU ends when its CPU reference (computed beside, trainer/reference_jobs.py) is there, while
+the worker trains the next points. The worker ends when the queue is empty and every run has ended.
+
+A point that fails on a world of one rank ends FAILED and the worker takes the next; on several
+ranks the failing rank aborts the world (the others may wait in a collective) and the sweeper
+starts a fresh worker for what is left. A point that ends KILLED (SIGTERM: Ctrl-C, scancel)
+ends the worker too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pickle
+import signal
+import socket
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from trainer import parallel
+
+TODO, CLAIMED = "todo", "claimed"
+POINT_PICKLE = "point.pkl"  # beside point.yaml, the config a cold job runs (sweeper/point_files.py)
+RESULT = "result.json"
+
+
+def claim(queue: Path, name: str) -> Path | None:
+    """The next point's folder, claimed for worker ``name``; None when the queue is empty."""
+    for ticket in sorted((queue / TODO).iterdir()):
+        try:
+            os.rename(ticket, queue / CLAIMED / f"{ticket.name}.{name}")
+        except FileNotFoundError:  # another worker of this queue took it first
+            continue
+        return Path((queue / CLAIMED / f"{ticket.name}.{name}").read_text().strip())
+    return None
+
+
+def write_result(point_dir: Path, status: int, worker: str, seconds: float) -> None:
+    """What the sweeper reads to know the point ended (written last, atomically)."""
+    tmp = point_dir / f".{RESULT}.tmp"
+    tmp.write_text(json.dumps({"status": status, "worker": worker, "seconds": seconds}))
+    os.replace(tmp, point_dir / RESULT)
+
+
+def load_point(point_dir: Path) -> Any:
+    """The point's config as the sweeper planned it: a typed TrainerConfig, pickled beside the
+    point's YAML (unpickling takes a millisecond, composing the YAML tens)."""
+    with open(point_dir / POINT_PICKLE, "rb") as f:
+        return pickle.load(f)
+
+
+class _Datasets:
+    """Data sets loaded once per worker: points that differ in the model share one."""
+
+    def __init__(self) -> None:
+        self.loaded: dict[tuple, Any] = {}
+
+    def get(self, cfg: Any) -> Any:
+        from trainer.run import load_data
+
+        d = cfg.data
+        key = (d.dir, d.n_train, d.n_test, cfg.dtype.value, d.scale.value)
+        if key not in self.loaded:
+            self.loaded[key] = load_data(cfg)
+        return self.loaded[key]
+
+
+def serve(queue: Path, name: str, world: parallel.World) -> int:
+    """Train the queue's points until it is empty (0) or a point ended KILLED (its status)."""
+    from trainer import reference_jobs
+
+    worker = f"{name}@{socket.gethostname()}:{os.getpid()}"
+    waiting: list[tuple[Path, float, Any]] = []  # rank 0's trained points whose runs wait for their reference
+    try:
+        return _serve(queue, name, world, worker, waiting)
+    finally:  # SIGTERM, Ctrl-C or a bug: the runs still waiting end KILLED, and say so to the sweeper
+        for point_dir, claimed_at, pending in waiting:
+            from trainer.run import KILLED_STATUS
+
+            pending.abandon()
+            write_result(point_dir, KILLED_STATUS, worker, time.time() - claimed_at)
+        reference_jobs.shutdown()
+
+
+def _serve(queue: Path, name: str, world: parallel.World, worker: str, waiting: list[tuple[Path, float, Any]]) -> int:
+    from omegaconf import open_dict
+
+    from trainer import metrics
+    from trainer.config import Gemm, validate
+    from trainer.errors import ConfigError
+    from trainer.run import KILLED_STATUS, Pending, train_and_defer
+
+    datasets = _Datasets()
+    tf32 = os.environ.get("CUPY_TF32") == "1"  # read by CuPy once: one GEMM mode per worker
+    while True:
+        if _settle(waiting, worker, block=False) == KILLED_STATUS:
+            return KILLED_STATUS
+        point_dir = claim(queue, name) if world.rank == 0 else None
+        claimed_at = time.time()
+        point_dir = world.comm.bcast(point_dir)
+        if point_dir is None:
+            return _settle(waiting, worker, block=True)  # the last points' references
+        status, error = 0, ""
+        try:
+            cfg = load_point(point_dir)
+            validate(cfg)
+            if cfg.nproc != world.size:
+                raise ConfigError(f"nproc={cfg.nproc} but this worker has {world.size} ranks")
+            if (cfg.gpu.gemm == Gemm.tf32) != tf32:
+                raise ConfigError(f"gpu.gemm={cfg.gpu.gemm.value}: this worker's CUPY_TF32 says otherwise")
+            with open_dict(cfg):
+                cfg.mlflow.tags = {**cfg.mlflow.tags, metrics.TAG_WARM: "true", metrics.TAG_WORKER: worker}
+            ds = datasets.get(cfg)
+        except Exception:  # the sweeper checked every point: this is a bug, the point fails alone
+            status, error = 2, traceback.format_exc()
+        if not status:
+            outcome = train_and_defer(cfg, world, ds, origin=claimed_at)
+            if isinstance(outcome, Pending):  # rank 0: result.json once the run has ended
+                waiting.append((point_dir, claimed_at, outcome))
+                if not outcome.beside and _settle(waiting, worker, block=True) == KILLED_STATUS:
+                    return KILLED_STATUS  # trained on the CPU: the next point must not share its cores
+                continue
+            status = outcome
+        if world.rank == 0:
+            if error:
+                (point_dir / "worker_error.txt").write_text(error)
+            write_result(point_dir, status, worker, time.time() - claimed_at)
+        if status == KILLED_STATUS:
+            return status
+
+
+def _settle(waiting: list[tuple[Path, float, Any]], worker: str, block: bool) -> int:
+    """End the waiting runs whose reference is there (with ``block``, all of them) and write their
+    results; KILLED_STATUS if one ended so (SIGTERM while waiting), else 0."""
+    from trainer.run import KILLED_STATUS
+
+    for item in [w for w in waiting if block or w[2].done()]:
+        waiting.remove(item)  # first: a SIGTERM from here on must not end a FINISHED run KILLED again
+        point_dir, claimed_at, pending = item
+        status = pending.finish()
+        write_result(point_dir, status, worker, time.time() - claimed_at)
+        if status == KILLED_STATUS:
+            return status
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m trainer.worker", description=__doc__.split("\n\n")[0])
+    parser.add_argument("queue", type=Path)
+    parser.add_argument("--name", default="w0", help="this worker's name in the queue's claims")
+    parser.add_argument("--nproc", type=int, default=1, help="ranks (every point in the queue has this nproc)")
+    parser.add_argument("--mpiexec", default=None, help="the mpiexec to start the ranks with")
+    args = parser.parse_args(argv)
+    if args.nproc > 1 and not parallel.launched_by_mpi():
+        mpiexec = parallel.find_mpiexec(args.mpiexec)
+        return parallel.run_under_mpiexec(mpiexec, args.nproc, sys.argv[1:], module="trainer.worker")
+    signal.signal(signal.SIGTERM, _terminate)
+    world = parallel.join_world(args.nproc)
+    from trainer.run import KILLED_STATUS, Terminated
+
+    try:
+        return serve(args.queue.resolve(), args.name, world)
+    except (KeyboardInterrupt, Terminated):  # SIGTERM or Ctrl-C between points: no run to end
+        return KILLED_STATUS
+
+
+def _terminate(_signum: int, _frame: Any) -> None:
+    raise KeyboardInterrupt  # before the first point; train_and_record installs its own handler
+
+
+if __name__ == "__main__":
+    sys.exit(main())
