@@ -1,5 +1,5 @@
-"""What a point's job, or a warm worker's, runs (each Slurm task runs it too). Standard library only: every job
-imports this module to unpickle its function, so it must start fast."""
+"""What a point's job, or a warm worker's, runs (each Slurm task runs it too). Standard library
+only: every job imports this module to unpickle its function, so it must start fast."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ TERMINATED = (143, -15)  # 128 + SIGTERM as the trainer returns it; -15 when the
 def run_point(config_dir: str, env: dict[str, str]) -> int:
     """A cold point's job body (every Slurm task runs it): start the trainer, pass signals on."""
     cmd = [sys.executable, "-m", "trainer", "--config-dir", config_dir, "--config-name", POINT_CONFIG]
-    return _run(cmd, env, f"trainer exited with status {{status}} (config {config_dir}/{POINT_CONFIG}.yaml)")
+    return _run(cmd, env, "trainer", f"config {config_dir}/{POINT_CONFIG}.yaml")
 
 
 def run_worker(queue: str, name: str, nproc: int, mpiexec: str | None, env: dict[str, str]) -> int:
@@ -34,10 +34,10 @@ def run_worker(queue: str, name: str, nproc: int, mpiexec: str | None, env: dict
     cmd = [sys.executable, "-m", "trainer.worker", queue, "--name", name, "--nproc", str(nproc)]
     if mpiexec:
         cmd += ["--mpiexec", mpiexec]
-    return _run(cmd, env, f"worker {name} exited with status {{status}} (queue {queue})")
+    return _run(cmd, env, f"worker {name}", f"queue {queue}")
 
 
-def _run(cmd: list[str], env: dict[str, str], failure: str) -> int:
+def _run(cmd: list[str], env: dict[str, str], who: str, where: str) -> int:
     # srun's PMI hands each task a socket (PMI_FD); the trainer, not this wrapper, is the rank.
     keep = (int(os.environ["PMI_FD"]),) if "PMI_FD" in os.environ else ()
     proc = subprocess.Popen(cmd, env={**os.environ, **env}, pass_fds=keep)
@@ -49,7 +49,7 @@ def _run(cmd: list[str], env: dict[str, str], failure: str) -> int:
         signal.signal(s, forward)
     status = proc.wait()
     if status in TERMINATED:
-        raise PointCancelledError("CANCELLED: " + failure.format(status=status) + " on SIGTERM")
+        raise PointCancelledError(f"CANCELLED: {who} exited with status {status} ({where}) on SIGTERM")
     if status:
-        raise PointFailedError(failure.format(status=status))
+        raise PointFailedError(f"{who} exited with status {status} ({where})")
     return 0

@@ -81,6 +81,7 @@ class _Datasets:
 def serve(queue: Path, name: str, world: parallel.World) -> int:
     """Train the queue's points until it is empty (0) or a point ended KILLED (its status)."""
     from trainer import reference_jobs
+    from trainer.run import KILLED_STATUS
 
     worker = f"{name}@{socket.gethostname()}:{os.getpid()}"
     waiting: list[tuple[Path, float, Any]] = []  # rank 0's trained points whose runs wait for their reference
@@ -88,8 +89,6 @@ def serve(queue: Path, name: str, world: parallel.World) -> int:
         return _serve(queue, name, world, worker, waiting)
     finally:  # SIGTERM, Ctrl-C or a bug: the runs still waiting end KILLED, and say so to the sweeper
         for point_dir, claimed_at, pending in waiting:
-            from trainer.run import KILLED_STATUS
-
             pending.abandon()
             write_result(point_dir, KILLED_STATUS, worker, time.time() - claimed_at)
         reference_jobs.shutdown()

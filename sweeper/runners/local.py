@@ -35,7 +35,7 @@ class LocalRunner:
         self.n_cpus = launcher.cpus if launcher.cpus is not None else (os.cpu_count() or 1)
         self.free_gpus = list(range(self.n_gpus))
         self.free_cpus = self.n_cpus
-        self.held: dict[str, list[int]] = {}  # job id -> the GPUs it holds
+        self.held: dict[str, tuple[list[int], int]] = {}  # job id -> the GPUs and the CPU cores it holds
         self.executor = None
         self.pool = WarmPool(folder, launcher.max_restarts) if launcher.warm else None
 
@@ -92,23 +92,22 @@ class LocalRunner:
     def _submit(self, shape: Shape, nproc: int, n_points: int, fn: Any, *args: Any, env: dict | None = None) -> Job:
         """Take the job's GPUs (or cores) and start it; its time limit covers ``n_points`` points."""
         env = dict(env or {})
-        ids = []
+        ids, cpus = [], 0
         if shape.gpus_per_task:
             ids, self.free_gpus = self.free_gpus[:nproc], self.free_gpus[nproc:]
             env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, ids))
         else:
-            self.free_cpus -= nproc
+            cpus = nproc
+            self.free_cpus -= cpus
         self.executor.update_parameters(timeout_min=self.launcher.timeout_min * n_points)
         job = self.executor.submit(fn, *args, env)
-        self.held[job.job_id] = ids if shape.gpus_per_task else [-1] * nproc
+        self.held[job.job_id] = (ids, cpus)
         return job
 
     def _give_back(self, job: Job) -> None:
-        ids = self.held.pop(job.job_id, [])
-        if ids and ids[0] < 0:
-            self.free_cpus += len(ids)
-        else:
-            self.free_gpus = sorted(self.free_gpus + ids)
+        ids, cpus = self.held.pop(job.job_id, ([], 0))
+        self.free_gpus = sorted(self.free_gpus + ids)
+        self.free_cpus += cpus
 
     def release(self, job: Job) -> None:
         if self.pool is None:  # a warm worker's resources come back when the worker ends

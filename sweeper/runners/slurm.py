@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from sweeper.point_job import run_point, run_worker
 from sweeper.points import Point, Shape
-from sweeper.runners.warm import Queue, Ticket, WarmPool
+from sweeper.runners.warm import Queue, WarmPool
 from trainer.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -134,10 +134,8 @@ class SlurmRunner:
         pass  # Slurm holds the resources
 
     def cancel(self, job: Job) -> None:
-        """scancel: Slurm sends SIGTERM to every task (a warm point's: its worker's allocation)."""
-        target = job.worker if isinstance(job, Ticket) else job
-        if target is not None:
-            target.cancel(check=False)
+        """scancel: Slurm sends SIGTERM to every task (a warm point's Ticket cancels its worker's allocation)."""
+        job.cancel(check=False)
 
     def stop(self) -> None:
         if self.pool is not None:
