@@ -3,6 +3,7 @@
     python benchmarks/sweep_overhead.py                       # 32 tiny points, local, warm and cold
     python benchmarks/sweep_overhead.py --launchers slurm     # the same on the real Slurm
     python benchmarks/sweep_overhead.py --grid headline --data .device/mnist   # the GPU sweep
+    python benchmarks/sweep_overhead.py --grid headline --data .device/mnist --modes warm warm --cache /tmp/c
 
 Figures, from MLflow and the clock around the command:
 - command: the wall time of ``python -m sweeper ...`` (Hydra, planning, the runs, the report);
@@ -31,6 +32,7 @@ from rich.table import Table
 GRIDS = {
     "tiny": ["hidden=range(8,264,8)", "epochs=1", "data.n_train=500"],
     "headline": ["hidden=512,1024,2048", "nproc=1,2", "epochs=3"],
+    "headline-1gpu": ["hidden=512,1024,2048", "nproc=1", "epochs=3"],  # when one GPU is all there is
 }
 LAUNCHERS = {  # points one at a time where the launcher allows: the overhead is not hidden by overlap
     "local": ["launcher=local", "launcher.cpus=1"],
@@ -48,7 +50,7 @@ def union(spans: list[tuple[float, float]]) -> float:
     return total
 
 
-def measure(grid: str, launcher: str, warm: bool, extra: list[str]) -> dict[str, float]:
+def measure(grid: str, launcher: str, warm: bool, extra: list[str], cache: str | None) -> dict[str, float]:
     from mlflow.tracking import MlflowClient
 
     with tempfile.TemporaryDirectory() as d:
@@ -56,7 +58,10 @@ def measure(grid: str, launcher: str, warm: bool, extra: list[str]) -> dict[str,
         MlflowClient(uri).search_experiments()  # the store's tables first: not a sweep's cost
         cmd = [sys.executable, "-m", "sweeper", "-m", *GRIDS[grid], *LAUNCHERS[launcher], *extra]
         cmd += [f"launcher.warm={str(warm).lower()}", f"mlflow.tracking_uri={uri}"]
-        env = {**os.environ, "SWEEPSCALE_CACHE": f"{d}/cache"}  # the CPU references too, from scratch
+        env = {
+            **os.environ,
+            "SWEEPSCALE_CACHE": cache or f"{d}/cache",
+        }  # the CPU references: from scratch unless --cache
         t0 = time.perf_counter()
         done = subprocess.run(cmd, cwd=d, capture_output=True, text=True, env=env)
         if done.returncode:
@@ -92,6 +97,11 @@ def main() -> None:
     parser.add_argument("--launchers", nargs="+", choices=LAUNCHERS, default=["local"])
     parser.add_argument("--modes", nargs="+", choices=["warm", "cold"], default=["warm", "cold"])
     parser.add_argument("--data", help="data.dir for every point (default: the config's)")
+    parser.add_argument(
+        "--cache",
+        help="a CPU reference cache kept across the runs (a repeated sweep: "
+        "`--modes warm warm` measures fresh, then cached); default: fresh for each run",
+    )
     parser.add_argument("extra", nargs="*", help="more overrides for every point")
     args = parser.parse_args()
     extra = [*args.extra, *([f"data.dir={os.path.abspath(args.data)}"] if args.data else [])]
@@ -101,7 +111,7 @@ def main() -> None:
         table.add_column(col, justify="right")
     for launcher in args.launchers:
         for mode in args.modes:
-            m = measure(args.grid, launcher, mode == "warm", extra)
+            m = measure(args.grid, launcher, mode == "warm", extra, args.cache)
             share = m["busy"] / m["command"]
             table.add_row(
                 launcher,

@@ -36,24 +36,30 @@ def run_sweep(base: DictConfig, points: list[Point], sweep_dir: Path, overrides:
     points, groups = distinct(points, groups)
     check_data(points)
     runner.check(points)
+    uri = absolute_uri(tracking.tracking_uri(base.mlflow.tracking_uri))
+    tracking.check_uri(uri)
     if opts.dry_run:
         preview(points, runner.preview(groups))
         return 0
 
-    uri = absolute_uri(tracking.tracking_uri(base.mlflow.tracking_uri))
-    experiment = tracking.experiment_name(base.mlflow.experiment)
-    record = SweepRecord(uri, experiment)
-    done_before = resume(record, points, opts.force)
-    todo = [p for p in points if p.config_hash not in done_before]
+    runner.prestart(points)  # warm workers start up while MLflow is imported and the parent recorded
+    try:
+        experiment = tracking.experiment_name(base.mlflow.experiment)
+        record = SweepRecord(uri, experiment)
+        done_before = resume(record, points, opts.force)
+        todo = [p for p in points if p.config_hash not in done_before]
 
-    parent_id = start_parent(record, runner, sweep_id, points, done_before, sweep_dir, overrides)
-    display.console.print(
-        f"sweep {sweep_id}: {len(todo)} point(s) to run, MLflow parent run {parent_id}, folder {sweep_dir}"
-    )
-    for p in todo:
-        prepare(p, uri, experiment, parent_id, sweep_id)
+        parent_id = start_parent(record, runner, sweep_id, points, done_before, sweep_dir, overrides)
+        display.console.print(
+            f"sweep {sweep_id}: {len(todo)} point(s) to run, MLflow parent run {parent_id}, folder {sweep_dir}"
+        )
+        for p in todo:
+            prepare(p, uri, experiment, parent_id, sweep_id)
 
-    flight = watch(runner, todo, len(points), len(points) - len(todo), opts.poll_s)
+        flight = watch(runner, todo, len(points), len(points) - len(todo), opts.poll_s)
+    except BaseException:  # e.g. the store refused the parent: the workers waiting for points end
+        runner.stop()
+        raise
     if flight.interrupted:
         record.kill_running(sweep_id)  # runs whose trainer could not say so
 

@@ -35,7 +35,7 @@ def watch(runner: Runner, todo: list[Point], total: int, skipped: int, poll_s: f
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         with display.Progress(total) as progress:
-            while flight.queued or flight.running:
+            while True:  # at least one step: with nothing to run, it tells early workers so
                 step(runner, flight)
                 failed = sum(e is not None for e in flight.finished.values())
                 counts = {
@@ -46,8 +46,9 @@ def watch(runner: Runner, todo: list[Point], total: int, skipped: int, poll_s: f
                     "skipped": skipped,
                 }
                 progress.update(counts)
-                if flight.queued or flight.running:
-                    time.sleep(poll_s)
+                if not (flight.queued or flight.running):
+                    break
+                time.sleep(poll_s)
     except KeyboardInterrupt:
         flight.interrupted = True
         display.console.print("[red]interrupted: cancelling the sweep's jobs[/red]")

@@ -272,3 +272,10 @@ def test_presets_expand_to_their_grids(preset, tmp_path, idx_dir, mlflow_uri):
         "batch_study": "batch_size=512,nproc=4",
     }[preset]
     assert expected in result.stdout
+
+
+def test_a_bad_tracking_uri_stops_the_sweep_before_any_job(tmp_path):
+    result = sweep(["hidden=8,16", *FAST, "mlflow.tracking_uri=http://127.0.0.1:9"], tmp_path, timeout=60)
+    assert result.returncode != 0
+    assert "mlflow.tracking_uri=http://127.0.0.1:9: no tracking server answers" in result.stderr + result.stdout
+    assert not list(tmp_path.rglob("todo")) and not list(tmp_path.rglob("*_submitted.pkl"))  # no queue, no job

@@ -53,3 +53,40 @@ def test_a_run_that_could_not_be_created_is_an_error(tmp_path):
     assert recorder.settled_run_id() is None
     with pytest.raises(RuntimeError, match="no MLflow run"):
         recorder.flush()
+
+
+@pytest.mark.parametrize(
+    ("uri", "message"),
+    [
+        ("foo://bar", r"mlflow.tracking_uri=foo://bar: not a tracking URI MLflow opens .* use sqlite:///"),
+        ("mlflow.db", r"not a tracking URI MLflow opens"),
+        ("sqlite:////proc/sweepscale/mlflow.db", r"cannot create the database in /proc/sweepscale"),
+        ("sqlite:////proc/mlflow.db", r"cannot create the database in /proc \("),
+        ("http://127.0.0.1:9", r"no tracking server answers at 127.0.0.1:9 .*start it"),
+    ],
+)
+def test_tracking_uri_mistakes_are_named_in_a_moment(uri, message):
+    import time
+
+    from trainer.errors import ConfigError
+
+    t0 = time.perf_counter()
+    with pytest.raises(ConfigError, match=message):
+        tracking.check_uri(uri)
+    assert time.perf_counter() - t0 < tracking.CONNECT_S + 1
+
+
+def test_a_good_sqlite_uri_passes_and_creates_nothing(tmp_path):
+    tracking.check_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_trainer_names_a_bad_uri_before_its_ranks_start(tmp_path):
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "trainer", "nproc=2", "mlflow.tracking_uri=foo://bar"]
+    done = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert "Error: mlflow.tracking_uri=foo://bar: not a tracking URI MLflow opens" in done.stderr
+    assert "Traceback" not in done.stderr

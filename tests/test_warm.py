@@ -24,6 +24,12 @@ from trainer import metrics
 pytestmark = pytest.mark.mpi
 
 
+def _gpus() -> int:
+    from trainer.backend import gpu_count
+
+    return gpu_count()
+
+
 def final_weights(uri: str, run_id: str) -> dict[str, np.ndarray]:
     from mlflow.tracking import MlflowClient
 
@@ -48,6 +54,8 @@ def only_sweep(uri: str) -> dict:
 )
 def test_warm_and_cold_give_bit_identical_weights(device, tmp_path):
     # Three points per shape, so that one worker serves several of them one after another.
+    if "device=gpu" in device and _gpus() < 2:
+        pytest.skip("nproc=2 on GPUs with NCCL needs 2 GPUs: this machine has fewer")
     args = ["hidden=16,24,32", "nproc=1,2", *FAST, *device, "data.shuffle=true", "save.weights=true"]
     kids = {}
     for mode in ("true", "false"):
@@ -191,3 +199,25 @@ def test_worker_claims_are_atomic_between_workers(tmp_path):
     taken = [line for p in procs for line in io.StringIO(p.communicate(timeout=60)[0]).read().split()]
     assert sorted(taken) == sorted(f"p{i}" for i in range(200))
     assert claim(queue, "d") is None
+
+
+def test_an_early_worker_waits_for_the_seal_or_for_its_sweeper(tmp_path):
+    """Workers start before the sweeper writes the tickets: one waits for the seal and, the queue
+    empty, ends; one whose sweeper died first ends too (never waits forever)."""
+    from trainer.worker import CLAIMED, OWNER, SEALED, TODO, owner
+
+    def start(queue: Path, owned_by: str) -> subprocess.Popen:
+        for sub in (TODO, CLAIMED):
+            (queue / sub).mkdir(parents=True)
+        (queue / OWNER).write_text(owned_by)
+        cmd = [sys.executable, "-m", "trainer.worker", str(queue), "--name", "w1"]
+        return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    orphan = start(tmp_path / "orphan", owner().split()[0] + " " + gone.stdout.strip())
+    waiting = start(tmp_path / "sealed", owner())
+    assert orphan.wait(timeout=60) == 0, orphan.communicate()[0]
+    time.sleep(1)
+    assert waiting.poll() is None, waiting.communicate()[0]  # its sweeper lives: it waits
+    (tmp_path / "sealed" / SEALED).touch()
+    assert waiting.wait(timeout=30) == 0, waiting.communicate()[0]

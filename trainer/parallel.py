@@ -173,5 +173,13 @@ def make_allreduce(
     if world.size > 1 and (comm == "nccl" or (comm == "auto" and own_gpu)):
         from trainer.gpu.nccl import NcclAllreduce
 
-        return NcclAllreduce(world, dtype, beside_gemm, window)
+        key = (id(world.comm), np.dtype(dtype).str, beside_gemm, window)
+        if key not in _NCCL:  # a collective call: every rank of the world asks for the same key
+            _NCCL[key] = NcclAllreduce(world, dtype, beside_gemm, window)
+        return _NCCL[key]
     return HostAllreduce(world, xp, n, dtype)
+
+
+# A warm worker's points share one NCCL communicator per world and options (built once: its
+# set-up is a collective of hundreds of milliseconds, and NCCL keeps each one's resources).
+_NCCL: dict[tuple, Any] = {}

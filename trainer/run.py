@@ -49,6 +49,8 @@ def main(cfg: DictConfig, argv: list[str]) -> int:
             for key, gpu_only in (("step", "fused"), ("comm", "nccl")):
                 if cfg.gpu[key].value == gpu_only:
                     raise ConfigError(f"gpu.{key}={gpu_only} needs a GPU and none is used here; set gpu.{key}=auto")
+        if not parallel.launched_by_mpi():  # the launching process: before any rank starts
+            tracking.check_uri(tracking.tracking_uri(cfg.mlflow.tracking_uri))
         ds = load_data(cfg)  # bad data is reported here, before any rank starts or trains
         if cfg.nproc > 1 and not parallel.launched_by_mpi():
             return parallel.run_under_mpiexec(parallel.find_mpiexec(cfg.mpi.mpiexec), cfg.nproc, argv)

@@ -2,13 +2,17 @@
 
     python -m trainer.worker QUEUE --name W [--nproc N] [--mpiexec PATH]
 
-QUEUE is a folder the sweeper fills before the worker starts: ``todo/<n>`` files, each holding
-the folder of one point (its config, as a cold job would run it). Rank 0 claims the
+QUEUE is a folder of ``todo/<n>`` files, each holding the folder of one point (its config, as a
+cold job would run it); the sweeper may start workers before it writes them (their start-up
+overlaps its own), and they wait for the queue's seal, the sign that every ticket is there (or
+for the end of the sweeper that owns the queue). Rank 0 claims the
 next ticket by renaming it to ``claimed/<n>.<W>`` (atomic, so workers sharing a queue never take
 one point twice), the ranks train it with MPI, CuPy, MLflow and the data already loaded, and
 rank 0 writes ``result.json`` in the point's folder once the point's run has ended. A run trained
 on a GPU ends when its CPU reference (computed beside, trainer/reference_jobs.py) is there, while
-the worker trains the next points. The worker ends when the queue is empty and every run has ended.
+the worker trains the next points. The worker ends when the queue is sealed and empty and every
+run has ended. Workers that share GPUs (the local runner's) hold them only while they train a
+point (trainer/gpu_lease.py).
 
 A point that fails on a world of one rank ends FAILED and the worker takes the next; on several
 ranks the failing rank aborts the world (the others may wait in a collective) and the sweeper
@@ -19,20 +23,25 @@ ends the worker too.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import pickle
 import signal
 import socket
 import sys
+import threading
 import time
 import traceback
 from pathlib import Path
 from typing import Any
 
-from trainer import parallel
+from trainer import gpu_lease, parallel
 
 TODO, CLAIMED = "todo", "claimed"
+SEALED = "sealed"  # every ticket is written
+OWNER = "owner"  # "host pid" of the sweeper that fills the queue
+SEAL_POLL_S = 0.01
 POINT_PICKLE = "point.pkl"  # beside point.yaml, the config a cold job runs (sweeper/point_files.py)
 RESULT = "result.json"
 
@@ -46,6 +55,35 @@ def claim(queue: Path, name: str) -> Path | None:
             continue
         return Path((queue / CLAIMED / f"{ticket.name}.{name}").read_text().strip())
     return None
+
+
+def owner() -> str:
+    """What the sweeper writes in OWNER: this process, on this host."""
+    return f"{socket.gethostname()} {os.getpid()}"
+
+
+def wait_sealed(queue: Path) -> bool:
+    """Block until the queue is sealed (True), or until its owner, a process on this host, is gone
+    (False: the sweeper died before it wrote the tickets)."""
+    try:
+        host, pid = (queue / OWNER).read_text().split()
+    except (OSError, ValueError):
+        host, pid = "", "0"
+    while not (queue / SEALED).exists():
+        if host == socket.gethostname() and not _alive(int(pid)):
+            return False
+        time.sleep(SEAL_POLL_S)
+    return True
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process of that number: alive
+        pass
+    return True
 
 
 def write_result(point_dir: Path, status: int, worker: str, seconds: float) -> None:
@@ -95,50 +133,72 @@ def serve(queue: Path, name: str, world: parallel.World) -> int:
 
 
 def _serve(queue: Path, name: str, world: parallel.World, worker: str, waiting: list[tuple[Path, float, Any]]) -> int:
+    from trainer.run import KILLED_STATUS
+
+    datasets = _Datasets()
+    tf32 = os.environ.get("CUPY_TF32") == "1"  # read by CuPy once: one GEMM mode per worker
+    lease = gpu_lease.from_env(world.local_rank)
+    if not wait_sealed(queue):
+        return 0
+    while True:
+        if _settle(waiting, worker, block=False) == KILLED_STATUS:
+            return KILLED_STATUS
+        if lease is not None:
+            lease.acquire(world.comm)
+        try:
+            status = _next_point(queue, name, world, worker, waiting, datasets, tf32)
+        finally:  # trained (its run may wait for the reference: no GPU needed), or failed
+            if lease is not None:
+                lease.release()
+        if status is None:
+            return _settle(waiting, worker, block=True)  # the last points' references
+        if status == KILLED_STATUS:
+            return status
+
+
+def _next_point(
+    queue: Path, name: str, world: parallel.World, worker: str, waiting: list, datasets: _Datasets, tf32: bool
+) -> int | None:
+    """Claim and train the next point: None when the queue is empty, else the point's status
+    (0 also for a run that waits for its reference)."""
     from omegaconf import open_dict
 
     from trainer import metrics
     from trainer.config import Gemm, validate
     from trainer.errors import ConfigError
-    from trainer.run import KILLED_STATUS, Pending, train_and_defer
+    from trainer.run import Pending, train_and_defer
 
-    datasets = _Datasets()
-    tf32 = os.environ.get("CUPY_TF32") == "1"  # read by CuPy once: one GEMM mode per worker
-    while True:
-        if _settle(waiting, worker, block=False) == KILLED_STATUS:
-            return KILLED_STATUS
-        point_dir = claim(queue, name) if world.rank == 0 else None
-        claimed_at = time.time()
-        point_dir = world.comm.bcast(point_dir)
-        if point_dir is None:
-            return _settle(waiting, worker, block=True)  # the last points' references
-        status, error = 0, ""
-        try:
-            cfg = load_point(point_dir)
-            validate(cfg)
-            if cfg.nproc != world.size:
-                raise ConfigError(f"nproc={cfg.nproc} but this worker has {world.size} ranks")
-            if (cfg.gpu.gemm == Gemm.tf32) != tf32:
-                raise ConfigError(f"gpu.gemm={cfg.gpu.gemm.value}: this worker's CUPY_TF32 says otherwise")
-            with open_dict(cfg):
-                cfg.mlflow.tags = {**cfg.mlflow.tags, metrics.TAG_WARM: "true", metrics.TAG_WORKER: worker}
-            ds = datasets.get(cfg)
-        except Exception:  # the sweeper checked every point: this is a bug, the point fails alone
-            status, error = 2, traceback.format_exc()
-        if not status:
-            outcome = train_and_defer(cfg, world, ds, origin=claimed_at)
-            if isinstance(outcome, Pending):  # rank 0: result.json once the run has ended
-                waiting.append((point_dir, claimed_at, outcome))
-                if not outcome.beside and _settle(waiting, worker, block=True) == KILLED_STATUS:
-                    return KILLED_STATUS  # trained on the CPU: the next point must not share its cores
-                continue
-            status = outcome
-        if world.rank == 0:
-            if error:
-                (point_dir / "worker_error.txt").write_text(error)
-            write_result(point_dir, status, worker, time.time() - claimed_at)
-        if status == KILLED_STATUS:
-            return status
+    point_dir = claim(queue, name) if world.rank == 0 else None
+    claimed_at = time.time()
+    point_dir = world.comm.bcast(point_dir)
+    if point_dir is None:
+        return None
+    status, error = 0, ""
+    try:
+        cfg = load_point(point_dir)
+        validate(cfg)
+        if cfg.nproc != world.size:
+            raise ConfigError(f"nproc={cfg.nproc} but this worker has {world.size} ranks")
+        if (cfg.gpu.gemm == Gemm.tf32) != tf32:
+            raise ConfigError(f"gpu.gemm={cfg.gpu.gemm.value}: this worker's CUPY_TF32 says otherwise")
+        with open_dict(cfg):
+            cfg.mlflow.tags = {**cfg.mlflow.tags, metrics.TAG_WARM: "true", metrics.TAG_WORKER: worker}
+        ds = datasets.get(cfg)
+    except Exception:  # the sweeper checked every point: this is a bug, the point fails alone
+        status, error = 2, traceback.format_exc()
+    if not status:
+        outcome = train_and_defer(cfg, world, ds, origin=claimed_at)
+        if isinstance(outcome, Pending):  # rank 0: result.json once the run has ended
+            waiting.append((point_dir, claimed_at, outcome))
+            if not outcome.beside:  # trained on the CPU: the next point must not share its cores
+                return _settle(waiting, worker, block=True)
+            return 0
+        status = outcome
+    if world.rank == 0:
+        if error:
+            (point_dir / "worker_error.txt").write_text(error)
+        write_result(point_dir, status, worker, time.time() - claimed_at)
+    return status
 
 
 def _settle(waiting: list[tuple[Path, float, Any]], worker: str, block: bool) -> int:
@@ -168,12 +228,31 @@ def main(argv: list[str] | None = None) -> int:
         return parallel.run_under_mpiexec(mpiexec, args.nproc, sys.argv[1:], module="trainer.worker")
     signal.signal(signal.SIGTERM, _terminate)
     world = parallel.join_world(args.nproc)
+    _warm_up(world)
     from trainer.run import KILLED_STATUS, Terminated
 
     try:
         return serve(args.queue.resolve(), args.name, world)
     except (KeyboardInterrupt, Terminated):  # SIGTERM or Ctrl-C between points: no run to end
         return KILLED_STATUS
+
+
+def _warm_up(world: parallel.World) -> None:
+    """What every point needs, done while the sweeper may still be writing the tickets: MLflow (rank
+    0 records; imported in a thread, seconds), the trainer's modules, and on a GPU the CUDA context."""
+    if world.rank == 0:
+        threading.Thread(target=_import_mlflow, name="import-mlflow", daemon=True).start()
+    import trainer.run  # noqa: F401
+
+    if gpu_lease.from_env(world.local_rank) is not None:  # a GPU worker of the local runner
+        from trainer.backend import select
+
+        select("gpu", world.local_rank).xp.zeros(1)  # creates the context on the rank's GPU
+
+
+def _import_mlflow() -> None:
+    with contextlib.suppress(Exception):  # the run that needs it will say why
+        import mlflow.tracking  # noqa: F401
 
 
 def _terminate(_signum: int, _frame: Any) -> None:

@@ -49,6 +49,11 @@ class Runner(Protocol):
         """What would be submitted, by shape description (empty when there is nothing to add)."""
         ...
 
+    def prestart(self, points: list[Point]) -> None:
+        """Start what may start before the runs are recorded (warm workers, which then wait for
+        ``start``'s tickets); ``stop`` ends it if the sweep ends first."""
+        ...
+
     def start(self, queued: list[Point]) -> list[tuple[Point, Job]]:
         """Start what can start now, removing it from ``queued``; the rest waits for a release."""
         ...
@@ -62,7 +67,7 @@ class Runner(Protocol):
         ...
 
     def stop(self) -> None:
-        """The sweep was interrupted: end what the runner holds beyond the jobs (idle workers)."""
+        """The sweep was interrupted or is over: end what the runner holds beyond the jobs (idle workers)."""
         ...
 
 

@@ -50,6 +50,9 @@ class DebugRunner:
     def preview(self, groups: dict[Shape, list[Point]]) -> dict[str, str]:
         return {}
 
+    def prestart(self, points: list[Point]) -> None:
+        pass  # jobs start in start()
+
     def start(self, queued: list[Point]) -> list[tuple[Point, FinishedInProcess]]:
         from trainer.run import main as train
 

@@ -1,9 +1,12 @@
 """Points as local submitit jobs on this machine; each job starts its ranks with mpiexec.
 
 Warm (``launcher.warm``, the default): a job is a worker that serves a queue of points of one
-shape (sweeper/runners/warm.py); a shape's queue gets as many workers as fit at once. Cold: a
-job per point. Jobs start while GPUs (or CPU cores) are free: jobs never share a GPU, cores are
-never oversubscribed, and what does not fit waits for a release.
+shape (sweeper/runners/warm.py). Workers start before the sweep's runs are recorded, their
+start-up beside the sweeper's. On GPUs every shape's workers start at once (nproc=1: one per
+GPU; nproc=2: one per pair) and share the GPUs, each holding its own only while it trains a
+point (trainer/gpu_lease.py): start-up overlaps, training never does. On CPU cores, and cold (a
+job per point), jobs start while cores (or GPUs) are free: never oversubscribed, never shared,
+and what does not fit waits for a release.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from sweeper.point_job import run_point, run_worker
 from sweeper.points import Point, Shape
 from sweeper.runners.warm import Ticket, WarmPool
+from trainer import gpu_lease
 from trainer.backend import gpu_count
 from trainer.errors import ConfigError
 
@@ -38,6 +42,7 @@ class LocalRunner:
         self.held: dict[str, tuple[list[int], int]] = {}  # job id -> the GPUs and the CPU cores it holds
         self.executor = None
         self.pool = WarmPool(folder, launcher.max_restarts) if launcher.warm else None
+        self.slots: dict[tuple[Path, str], int] = {}  # (queue, worker) -> which GPUs of the machine it shares
 
     def shape(self, point: Point) -> Shape:
         """GPUs when the point runs on GPUs, else CPU cores; never more than this machine has."""
@@ -58,11 +63,13 @@ class LocalRunner:
     def preview(self, groups: dict[Shape, list[Point]]) -> dict[str, str]:
         return {}  # the table of points and resources says it all
 
-    def start(self, queued: list[Point]) -> list[tuple[Point, Job]]:
-        if self.executor is None:
-            import submitit  # heavy: only once there is something to start
+    def prestart(self, points: list[Point]) -> None:
+        """Warm: open the queues and start their workers now; they wait for the tickets."""
+        if self.pool is not None:
+            self.pool.add(points, seal=False)
+            self._start_workers()
 
-            self.executor = submitit.LocalExecutor(folder=str(self.folder / "%j"))
+    def start(self, queued: list[Point]) -> list[tuple[Point, Job]]:
         if self.pool is not None:
             return self._start_warm(queued)
         started = []
@@ -77,23 +84,59 @@ class LocalRunner:
         pool = self.pool
         if not pool.queues:
             pool.add(queued)
-        for _q, _name, job in pool.ended_workers():
+        else:
+            pool.seal(queued)  # the queues prestart opened: their tickets now
+        for q, name, job in pool.ended_workers():
             self._give_back(job)
-        for q in pool.queues:  # in the sweep's order; a queue that does not fit waits for a release
+            self.slots.pop((q.dir, name), None)
+        self._start_workers()
+        return pool.tickets(queued)
+
+    def _start_workers(self) -> None:
+        """Workers for the queues that can use more, in the sweep's order: on GPUs one per free
+        slot of the queue's shape, on CPU cores while cores are free (the rest wait for a release)."""
+        pool = self.pool
+        for q in pool.queues:
             shape = q.points[0].shape
             for _ in range(pool.needs_workers(q)):
-                if not self._fits(q.nproc, shape):
+                gpus = None
+                if shape.gpus_per_task:
+                    taken = {self.slots[(q.dir, n)] for n in q.live() if (q.dir, n) in self.slots}
+                    free = [s for s in range(self.n_gpus // q.nproc) if s not in taken]
+                    if not free:
+                        break
+                    gpus = list(range(free[0] * q.nproc, (free[0] + 1) * q.nproc))
+                elif not self._fits(q.nproc, shape):
                     break
                 name = pool.new_name()
                 args = (str(q.dir), name, q.nproc, q.mpiexec)
-                q.workers[name] = self._submit(shape, q.nproc, len(q.points), run_worker, *args, env=q.env)
-        return pool.tickets(queued)
+                q.workers[name] = self._submit(shape, q.nproc, len(q.points), run_worker, *args, env=q.env, gpus=gpus)
+                if gpus is not None:
+                    self.slots[(q.dir, name)] = gpus[0] // q.nproc
 
-    def _submit(self, shape: Shape, nproc: int, n_points: int, fn: Any, *args: Any, env: dict | None = None) -> Job:
-        """Take the job's GPUs (or cores) and start it; its time limit covers ``n_points`` points."""
+    def _submit(
+        self,
+        shape: Shape,
+        nproc: int,
+        n_points: int,
+        fn: Any,
+        *args: Any,
+        env: dict | None = None,
+        gpus: list[int] | None = None,
+    ) -> Job:
+        """Take the job's GPUs (or cores) and start it; its time limit covers ``n_points`` points.
+        ``gpus``: a warm worker's, shared with other workers under file locks, not taken."""
+        if self.executor is None:
+            import submitit  # heavy: only once there is something to start
+
+            self.executor = submitit.LocalExecutor(folder=str(self.folder / "%j"))
         env = dict(env or {})
         ids, cpus = [], 0
-        if shape.gpus_per_task:
+        if gpus is not None:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
+            env[gpu_lease.ENV] = str(self.folder / "gpu_locks")
+            (self.folder / "gpu_locks").mkdir(parents=True, exist_ok=True)
+        elif shape.gpus_per_task:
             ids, self.free_gpus = self.free_gpus[:nproc], self.free_gpus[nproc:]
             env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, ids))
         else:

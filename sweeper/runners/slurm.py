@@ -89,6 +89,9 @@ class SlurmRunner:
     def parameters(self, shape: Shape, n_points: int = 1) -> dict[str, Any]:
         return slurm_parameters(self.launcher, shape, self.job_name, n_points)
 
+    def prestart(self, points: list[Point]) -> None:
+        pass  # a Slurm job may wait in the queue for minutes: submitted with its tickets
+
     def start(self, queued: list[Point]) -> list[tuple[Point, Job]]:
         if self.pool is not None:
             return self._start_warm(queued)

@@ -37,6 +37,7 @@ class Queue:
     ended: set[str] = field(default_factory=set)  # workers whose end the pool has handled
     restarts: int = 0
     given_up: str = ""  # why no worker serves the rest: the points left fail (or are KILLED) with it
+    sealed: bool = False  # its tickets are written: workers may end when it is empty
 
     @property
     def nproc(self) -> int:
@@ -50,14 +51,25 @@ class Queue:
     def mpiexec(self) -> str | None:
         return self.points[0].trainer.mpi.mpiexec
 
-    def write(self) -> None:
-        """One ticket per point, named so that the worker takes them in the sweep's order."""
+    def open(self) -> None:
+        """The queue's folders, empty: workers started now wait for :meth:`seal` (or for this
+        process's end: the owner file names it)."""
         for sub in (protocol.TODO, protocol.CLAIMED):
             (self.dir / sub).mkdir(parents=True, exist_ok=True)
-        for p in self.points:
+        (self.dir / protocol.OWNER).write_text(protocol.owner())
+
+    def seal(self, points: list[Point]) -> None:
+        """One ticket per point to run, named so that workers take them in the sweep's order, then
+        the seal: a worker that finds the queue sealed and empty ends."""
+        for p in points:
             (self.dir / protocol.TODO / f"{p.index:06d}").write_text(str(p.dir.resolve()))
+        (self.dir / protocol.SEALED).touch()
+        self.sealed = True
 
     def unclaimed(self) -> int:
+        """Points no worker has taken yet (before the seal: every point it may get)."""
+        if not self.sealed:
+            return len(self.points)
         return sum(1 for _ in (self.dir / protocol.TODO).iterdir())
 
     def claims(self) -> dict[int, str]:
@@ -133,8 +145,9 @@ class WarmPool:
         self.stopping = False
         self._names = 0
 
-    def add(self, points: list[Point], chunk: int | None = None) -> list[Queue]:
-        """Queue ``points`` (in order) by kind, ``chunk`` points at most per queue."""
+    def add(self, points: list[Point], chunk: int | None = None, seal: bool = True) -> list[Queue]:
+        """Queue ``points`` (in order) by kind, ``chunk`` points at most per queue; without
+        ``seal``, the queues stay open for workers started early (:meth:`seal` them later)."""
         by_key: dict[tuple, list[Point]] = {}
         for p in points:
             by_key.setdefault(queue_key(p), []).append(p)
@@ -143,10 +156,20 @@ class WarmPool:
             size = chunk or len(members)
             for i in range(0, len(members), size):
                 q = Queue(self.folder / "queues" / f"q{len(self.queues)}", members[i : i + size])
-                q.write()
+                q.open()
+                if seal:
+                    q.seal(q.points)
                 self.queues.append(q)
                 added.append(q)
         return added
+
+    def seal(self, queued: list[Point]) -> None:
+        """Tickets for the points still to run (the others were recorded before: resumed), in
+        every open queue."""
+        todo = {p.index for p in queued}
+        for q in self.queues:
+            if not q.sealed:
+                q.seal([p for p in q.points if p.index in todo])
 
     def new_name(self) -> str:
         self._names += 1
