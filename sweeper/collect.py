@@ -31,7 +31,9 @@ def collect(
             outcomes.append(display.Outcome(p.name, "KILLED" if status == "RUNNING" else status, run, "", log))
         else:
             error = flight.finished.get(p.index)
-            status = run.info.status if run is not None else ("FAILED" if error else "FINISHED")
+            if run is None and error is None:  # the job said nothing went wrong, yet nothing was recorded
+                error = RuntimeError(f"no run recorded: the job ended without error but no MLflow run names {p.name}")
+            status = run.info.status if run is not None else "FAILED"
             if run is None and "CANCELLED" in str(error):  # its worker's allocation was cancelled first
                 status = "KILLED"
             if status == "RUNNING":  # the job ended before its trainer could end the run: say how

@@ -137,3 +137,35 @@ def test_default_scale_is_unit(idx_dir: Path):
 def test_unknown_scale_names_the_key(idx_dir: Path):
     with pytest.raises(ConfigError, match=r"data.scale=minmax: expected one of unit, byte"):
         data.load(str(idx_dir), None, None, "float32", scale="minmax")
+
+
+def test_a_header_whose_product_wraps_in_int64_is_refused(tmp_path: Path):
+    # 2^22 x 2^21 x 2^21 = 2^64: zero in int64 arithmetic, so a file of 16 header bytes "fit" it.
+    path = tmp_path / "train-images-idx3-ubyte"
+    dims = (1 << 22, 1 << 21, 1 << 21)
+    path.write_bytes(data.IMAGES_MAGIC.to_bytes(4, "big") + b"".join(d.to_bytes(4, "big") for d in dims))
+    with pytest.raises(
+        ConfigError, match=r"the header declares \(4194304, 2097152, 2097152\), 18446744073709551616 bytes"
+    ):
+        data.read_idx(path, data.IMAGES_MAGIC)
+
+
+def test_a_gzip_bomb_is_not_inflated_past_its_header(tmp_path: Path):
+    """A small .gz whose header declares 10 images but which inflates to 200 MB of zeros: refused
+    as padded after reading the 10 images and one byte more, never inflated whole."""
+    import resource
+    import zlib
+
+    path = tmp_path / "train-images-idx3-ubyte.gz"
+    header = data.IMAGES_MAGIC.to_bytes(4, "big") + b"".join(d.to_bytes(4, "big") for d in (10, 28, 28))
+    packer = zlib.compressobj(9, zlib.DEFLATED, 31)  # 31: the gzip container
+    chunks = [packer.compress(header)] + [packer.compress(bytes(1 << 20)) for _ in range(200)] + [packer.flush()]
+    path.write_bytes(b"".join(chunks))
+    assert path.stat().st_size < 1 << 20
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with pytest.raises(
+        ConfigError, match=r"truncated or padded: header says \(10, 28, 28\) \(7856 bytes\) but the file has more"
+    ):
+        data.read_idx(path, data.IMAGES_MAGIC)
+    grown_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+    assert grown_mib < 50  # the whole stream would take 200 MiB

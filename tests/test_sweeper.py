@@ -279,3 +279,13 @@ def test_a_bad_tracking_uri_stops_the_sweep_before_any_job(tmp_path):
     assert result.returncode != 0
     assert "mlflow.tracking_uri=http://127.0.0.1:9: no tracking server answers" in result.stderr + result.stdout
     assert not list(tmp_path.rglob("todo")) and not list(tmp_path.rglob("*_submitted.pkl"))  # no queue, no job
+
+
+def test_a_job_that_ends_well_but_records_no_run_is_failed(tmp_path, mlflow_uri):
+    # An "mpiexec" that starts no rank and exits 0: the job ends without error, no run exists.
+    args = ["hidden=8", "nproc=2", *FAST, "launcher.warm=false", "mpi.mpiexec=/bin/true"]
+    result = sweep(args, tmp_path)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "no run recorded" in result.stdout
+    (parent,) = parents(mlflow_uri)
+    assert parent.info.status == "FAILED" and children_of(mlflow_uri, parent.info.run_id) == {}

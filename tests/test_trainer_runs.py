@@ -308,3 +308,20 @@ def test_code_tags_outside_a_git_checkout(tmp_path, monkeypatch):
     assert out.stdout.strip() == str([(metrics.TAG_VERSION, importlib.metadata.version("sweepscale"))])
     monkeypatch.setattr(provenance, "DISTRIBUTION", "not-installed-anywhere")
     assert provenance.package_version() == "0.1.0"  # pyproject.toml's
+
+
+@pytest.mark.parametrize(("divergence", "status"), [("stop", "FAILED"), ("go_on", "FINISHED")])
+def test_a_diverging_run_stops_at_its_first_non_finite_loss(divergence, status, mlflow_uri, tmp_path):
+    args = ["dtype=float64", "batch_size=10", "data.n_train=100", "epochs=3", "hidden=16", "lr=1e30"]
+    result = trainer([*args, "check.reference=false", f"check.divergence={divergence}"], tmp_path)
+    assert result.returncode == (1 if status == "FAILED" else 0), result.stderr
+    client, run = only_run(mlflow_uri)
+    assert run.info.status == status
+    losses = [m.value for m in client.get_metric_history(run.info.run_id, metrics.TRAIN_LOSS)]
+    # MLflow stores an infinite value as the largest float
+    first_bad = next(i for i, v in enumerate(losses) if not np.isfinite(v) or abs(v) >= np.finfo(np.float64).max)
+    if status == "FAILED":
+        assert f"diverged at step {first_bad} (epoch 1)" in run.data.tags[metrics.TAG_ERROR]
+        assert len(losses) == 10  # the epoch's curve is recorded, NaN included; no later epoch ran
+    else:
+        assert len(losses) == 30

@@ -68,6 +68,11 @@ class FaultKind(str, Enum):
     kill = "kill"  # SIGKILL: the process is gone at once, as the OOM killer would leave it
 
 
+class Divergence(str, Enum):
+    stop = "stop"  # a non-finite loss ends the run FAILED ("diverged at step k"), after its epoch
+    go_on = "go_on"  # train on: the run ends FINISHED, its NaN losses recorded
+
+
 class Init(str, Enum):
     fan_in = "fan_in"  # W ~ N(0, 1/fan_in), b = 0: pre-activations of order one on [0, 1] pixels
     course = "course"  # W = 0.01 N(0, 1), b = 0: the course's C++ (NeuralNetwork(): 0.01 * arma::randn, b.zeros)
@@ -106,6 +111,8 @@ class CheckConfig:
     reference: bool = MISSING
     # Where reference weights are cached, keyed by what determines them (not nproc/device).
     cache_dir: str = "${oc.env:SWEEPSCALE_CACHE,.cache/sweepscale}/reference"
+    # A non-finite training loss: stop (the run FAILED) or go_on.
+    divergence: Divergence = Divergence.stop
 
 
 @dataclass
@@ -204,6 +211,7 @@ def config_hash(cfg: Any) -> str:
     """Short hash of everything that determines a run's result (the resume key of sweeps)."""
     d = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
     d = {k: v for k, v in d.items() if k not in NOT_HASHED}
+    d.get("check", {}).pop("divergence", None)  # how a diverged run ends, not what it computes
     return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:12]
 
 

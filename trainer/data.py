@@ -10,8 +10,11 @@ from __future__ import annotations
 import gzip
 import hashlib
 import importlib.util
+import math
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -71,34 +74,51 @@ def _find(folder: Path, stem: str) -> Path:
     )
 
 
+# The most an IDX file may declare: 4 GiB, over 50 times full MNIST's training images. A header
+# beyond it is damage or a decompression bomb, refused before anything is inflated.
+MAX_IDX_BYTES = 1 << 32
+
+
 def read_idx(path: Path, magic: int) -> np.ndarray:
-    """Read one IDX file (raw or gzip) and validate its header against its size."""
+    """Read one IDX file (raw or gzip), its header checked first: nothing is read or inflated past
+    the size the header declares (plus one byte, to find padding)."""
     opener = gzip.open if path.suffix == ".gz" else open
     try:
         with opener(path, "rb") as f:
-            raw = f.read()
-    except (OSError, EOFError) as e:
+            dims, header = _idx_header(path, f.read(4), f, magic)
+            body = math.prod(dims)  # Python integers: no overflow, unlike a product in int64
+            if body > MAX_IDX_BYTES:
+                raise ConfigError(
+                    f"{path}: the header declares {dims}, {body} bytes, more than an IDX file here may "
+                    f"hold ({MAX_IDX_BYTES}); replace it with an intact IDX file"
+                )
+            raw = f.read(body + 1)
+    except (OSError, EOFError, zlib.error) as e:
         raise ConfigError(f"{path}: cannot be read ({e}); replace it with an intact IDX file") from e
-    if len(raw) < 4:
-        raise ConfigError(f"{path}: truncated, only {len(raw)} bytes; replace it with an intact IDX file")
-    found = int.from_bytes(raw[:4], "big")
+    if len(raw) != body:
+        found = f"{header + len(raw)} bytes" if len(raw) <= body else "more"
+        raise ConfigError(
+            f"{path}: truncated or padded: header says {dims} ({header + body} bytes) but the file has "
+            f"{found}; replace it with an intact IDX file"
+        )
+    return np.frombuffer(raw, dtype=np.uint8).reshape(dims)
+
+
+def _idx_header(path: Path, start: bytes, f: Any, magic: int) -> tuple[tuple[int, ...], int]:
+    """The dimensions an IDX header declares, and the header's length."""
+    if len(start) < 4:
+        raise ConfigError(f"{path}: truncated, only {len(start)} bytes; replace it with an intact IDX file")
+    found = int.from_bytes(start, "big")
     if found != magic:
         raise ConfigError(
             f"{path}: wrong IDX magic number 0x{found:08x}, expected 0x{magic:08x} "
             f"({'images' if magic == IMAGES_MAGIC else 'labels'}); is this the right file?"
         )
     ndim = magic & 0xFF
-    header = 4 + 4 * ndim
-    if len(raw) < header:
+    raw = f.read(4 * ndim)
+    if len(raw) < 4 * ndim:
         raise ConfigError(f"{path}: truncated header; replace it with an intact IDX file")
-    dims = tuple(int.from_bytes(raw[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim))
-    expected = header + int(np.prod(dims))
-    if len(raw) != expected:
-        raise ConfigError(
-            f"{path}: truncated or padded: header says {dims} ({expected} bytes) but the file has "
-            f"{len(raw)} bytes; replace it with an intact IDX file"
-        )
-    return np.frombuffer(raw, dtype=np.uint8, offset=header).reshape(dims)
+    return tuple(int.from_bytes(raw[4 * i : 4 * i + 4], "big") for i in range(ndim)), 4 + 4 * ndim
 
 
 def write_idx(path: str | Path, array: np.ndarray) -> None:

@@ -21,7 +21,7 @@ from trainer import console, metrics, model, parallel, reference_jobs, tracking
 from trainer import data as data_mod
 from trainer.backend import Backend, gpu_count, select
 from trainer.clock import PhaseClock, process_start
-from trainer.config import Gemm, validate
+from trainer.config import Divergence, Gemm, validate
 from trainer.errors import ConfigError
 from trainer.loop import STEP_PHASES, EpochResult, Schedule, fit
 from trainer.options import StepOptions
@@ -144,6 +144,21 @@ def train_and_defer(
         return status
 
 
+class DivergedError(RuntimeError):
+    """A training loss that is NaN or infinite (check.divergence=stop)."""
+
+
+def check_finite(e: EpochResult) -> None:
+    """Raise at the first non-finite loss of the epoch, naming its step (its curve is recorded)."""
+    bad = np.flatnonzero(~np.isfinite(e.losses))
+    if bad.size:
+        k = e.first_iteration + int(bad[0])
+        raise DivergedError(
+            f"diverged at step {k} (epoch {e.epoch}): training loss {e.losses[bad[0]]}; "
+            "lower lr, or set check.divergence=go_on to train on"
+        )
+
+
 def _record_failure(
     e: BaseException, uri: str, run_id: str | None, recorder: tracking.Recorder | None, rank: int, traced: bool = True
 ) -> int:
@@ -197,7 +212,7 @@ def train_on_rank(
 
     def on_epoch(e: EpochResult) -> None:
         if recorder is None:
-            return
+            return  # rank 0 records, and stops a diverged run (aborting the world)
         for i, value in enumerate(e.losses):
             recorder.metric(metrics.TRAIN_LOSS, value, e.first_iteration + i)
         recorder.metric(metrics.TRAIN_LOSS_EPOCH, e.mean_loss, e.epoch)
@@ -211,6 +226,8 @@ def train_on_rank(
         recorder.flush()
         console.epoch_line(e.epoch, cfg.epochs, e.mean_loss, precision, e.seconds)
         last.update(loss=e.mean_loss, precision=precision)
+        if cfg.check.divergence == Divergence.stop:
+            check_finite(e)
 
     last: dict[str, float | None] = {}
     fault = cfg.fault.iteration if cfg.fault.rank == world.rank else None
