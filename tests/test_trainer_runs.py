@@ -325,3 +325,14 @@ def test_a_diverging_run_stops_at_its_first_non_finite_loss(divergence, status, 
         assert len(losses) == 10  # the epoch's curve is recorded, NaN included; no later epoch ran
     else:
         assert len(losses) == 30
+
+
+def test_a_rank_killed_in_a_standalone_run_ends_it_failed_with_the_cause(mlflow_uri, tmp_path):
+    """SIGKILL of rank 1 (fault.kind=kill): no rank can end the run; the launching process does."""
+    args = [*COMMON, "nproc=2", "fault.kind=kill", "fault.rank=1", "fault.iteration=2", "check.reference=false"]
+    result = trainer(args, tmp_path)
+    assert result.returncode != 0
+    _, run = only_run(mlflow_uri)
+    assert run.info.status == "FAILED"
+    assert "a rank died before the run ended: mpiexec exited with status" in run.data.tags[metrics.TAG_ERROR]
+    assert "SIGKILL" in run.data.tags[metrics.TAG_ERROR]

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 from omegaconf import DictConfig
 
-from trainer import console, metrics, model, parallel, reference_jobs, tracking
+from trainer import console, launch, metrics, model, parallel, reference_jobs, tracking
 from trainer import data as data_mod
 from trainer.backend import Backend, gpu_count, select
 from trainer.clock import PhaseClock, process_start
@@ -53,7 +53,7 @@ def main(cfg: DictConfig, argv: list[str]) -> int:
             tracking.check_uri(tracking.tracking_uri(cfg.mlflow.tracking_uri))
         ds = load_data(cfg)  # bad data is reported here, before any rank starts or trains
         if cfg.nproc > 1 and not parallel.launched_by_mpi():
-            return parallel.run_under_mpiexec(parallel.find_mpiexec(cfg.mpi.mpiexec), cfg.nproc, argv)
+            return launch.launch_ranks(cfg, argv)
         world = parallel.join_world(cfg.nproc)
     except ConfigError as e:
         if parallel.launcher_rank() == 0:  # every rank finds the same error: say it once
@@ -130,6 +130,7 @@ def train_and_defer(
             background = world.size == 1 and tracking.opens_in_background(uri)
             recorder = start_recording(cfg, uri, world, backend, hosts, background)
             run_id = None if background else recorder.run_id
+            launch.tell_launcher(run_id)
         run_id = world.comm.bcast(run_id)
         try:
             pending = train_on_rank(cfg, options, world, backend, ds, recorder, origin)
