@@ -218,6 +218,23 @@ def test_slurm_failing_point_leaves_others_finished(tmp_path, mlflow_uri):
 
 
 @slurm
+def test_slurm_failing_setup_line_fails_the_point(tmp_path, mlflow_uri):
+    # No restarts: a setup line fails every allocation alike.
+    args = [
+        "hidden=16",
+        *FAST,
+        *SLURM,
+        "launcher.setup=['module load nosuchmodule','false']",
+        "launcher.max_restarts=0",
+    ]
+    result = sweep(args, tmp_path)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "the setup line failed" in result.stdout
+    (parent,) = parents(mlflow_uri)
+    assert parent.info.status == "FAILED" and children_of(mlflow_uri, parent.info.run_id) == {}
+
+
+@slurm
 def test_slurm_scancel_ends_killed_and_sweep_reports(tmp_path, mlflow_uri):
     runs(mlflow_uri)  # create the store first: polling must not race the sweeper's schema set-up
     cmd = [sys.executable, "-m", "sweeper", "-m", "nproc=2", "epochs=100000", "data.n_train=200", *SLURM]

@@ -158,7 +158,7 @@ def slurm_parameters(launcher: DictConfig, shape: Shape, job_name: str, n_points
         "time": launcher.timeout_min * n_points,
         "array_parallelism": launcher.array_parallelism,
         "srun_args": [f"--mpi={launcher.pmi}", *launcher.srun_args],
-        "setup": list(launcher.setup),
+        "setup": [guarded(line) for line in launcher.setup],
         "additional_parameters": dict(launcher.sbatch_args),
     }
     if shape.gpus_per_task:
@@ -167,6 +167,13 @@ def slurm_parameters(launcher: DictConfig, shape: Shape, job_name: str, n_points
         if launcher[key] is not None:
             params[key] = launcher[key]
     return params
+
+
+def guarded(line: str) -> str:
+    """A setup line that ends the job when it fails (sbatch scripts go on past a failing line, and
+    the point would then run without, say, its module)."""
+    message = shlex.quote(f"sweepscale: the setup line failed: {line} (launcher.setup)")
+    return f"{line} || {{ echo {message} >&2; exit 1; }}"
 
 
 def sbatch_preview(params: dict[str, Any], folder: Path, n_points: int) -> str:
