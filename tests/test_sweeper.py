@@ -306,3 +306,40 @@ def test_a_job_that_ends_well_but_records_no_run_is_failed(tmp_path, mlflow_uri)
     assert "no run recorded" in result.stdout
     (parent,) = parents(mlflow_uri)
     assert parent.info.status == "FAILED" and children_of(mlflow_uri, parent.info.run_id) == {}
+
+
+def test_two_sweeps_given_one_folder_write_two(tmp_path, mlflow_uri):
+    """Started in the same second (here: the same hydra.sweep.dir, at once), two sweeps must not
+    overwrite each other's point configs: each trains its own points, in its own folder."""
+    folder = tmp_path / "multirun" / "same"
+    runs(mlflow_uri)  # the store first: MLflow's schema migration races between two new processes
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "sweeper",
+                "-m",
+                f"hidden={h}",
+                *FAST,
+                "launcher=debug",
+                f"hydra.sweep.dir={folder}",
+            ],
+            cwd=tmp_path,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for h in (8, 16)
+    ]
+    for p in procs:
+        out, _ = p.communicate(timeout=240)
+        assert p.returncode == 0, out
+    yamls = sorted(tmp_path.glob("multirun/same*/0/point.yaml"))
+    assert [y.parent.parent.name for y in yamls] == ["same", "same-1"]
+    assert {"hidden: 8", "hidden: 16"} == {
+        next(line for line in y.read_text().splitlines() if line.startswith("hidden:")) for y in yamls
+    }
+    kids = [r for r in runs(mlflow_uri) if "mlflow.parentRunId" in r.data.tags]
+    assert sorted(r.data.params["hidden"] for r in kids) == ["16", "8"]
+    assert {r.info.status for r in kids} == {"FINISHED"}

@@ -6,6 +6,8 @@ each point, then hands all of them to sweeper.sweep.run_sweep, which groups them
 
 from __future__ import annotations
 
+import itertools
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -31,7 +33,7 @@ class SweepscaleLauncher(Launcher):
         from sweeper.sweep import run_sweep
         from trainer.errors import ConfigError
 
-        sweep_dir = Path(str(self.config.hydra.sweep.dir)).resolve()
+        sweep_dir = claim_folder(Path(str(self.config.hydra.sweep.dir)).resolve())
         points = []
         names = labels([list(o) for o in job_overrides])
         # Hydra's load_sweep_config for each point, without recomposing what points share (issue #19).
@@ -54,3 +56,21 @@ class SweepscaleLauncher(Launcher):
             JobReturn(overrides=list(p.overrides), cfg=p.trainer, status=JobStatus.COMPLETED, _return_value=0)
             for p in points
         ]
+
+
+OWNER_FILE = ".sweepscale"  # created exclusively: the sweep that creates it owns the folder
+
+
+def claim_folder(base: Path) -> Path:
+    """A sweep folder no other sweep writes: ``base``, or ``base-1``, ``base-2``... when another sweep
+    (started in the same second, or given the same hydra.sweep.dir) holds it; its points' configs
+    would otherwise overwrite each other's."""
+    for n in itertools.count():
+        folder = base if n == 0 else base.with_name(f"{base.name}-{n}")
+        folder.mkdir(parents=True, exist_ok=True)
+        try:
+            os.close(os.open(folder / OWNER_FILE, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            continue
+        return folder
+    raise AssertionError("unreachable")
