@@ -100,6 +100,32 @@ def reject_renamed(args: list[str]) -> None:
             raise ConfigError(f"{key} is now {RENAMED[key]} (one spelling for every launcher)")
 
 
+def validate_sweep(base: Any) -> None:
+    """Range checks of the launcher and sweep keys (Hydra checks their types): ConfigError naming
+    the key and the fix, before any job starts or anything is recorded."""
+    launcher, sweep = base.launcher, base.sweep
+    checks = [
+        (
+            launcher.timeout_min >= 1,
+            f"launcher.timeout_min={launcher.timeout_min}: a point needs at least 1 minute; e.g. 60",
+        ),
+        (launcher.max_restarts >= 0, f"launcher.max_restarts={launcher.max_restarts}: 0 or more"),
+        (
+            sweep.poll_s > 0,
+            f"sweep.poll_s={sweep.poll_s}: the watch polls every poll_s seconds; set a positive value, e.g. 0.5",
+        ),
+    ]
+    for key in ("points_per_job", "array_parallelism", "ranks_per_node", "max_nodes", "cpus_per_task"):
+        if key in launcher:
+            checks.append((launcher[key] >= 1, f"launcher.{key}={launcher[key]}: at least 1"))
+    for key in ("gpus", "cpus", "gpus_per_node"):
+        if launcher.get(key) is not None:
+            checks.append((launcher[key] >= 0, f"launcher.{key}={launcher[key]}: cannot be negative"))
+    for ok, message in checks:
+        if not ok:
+            raise ConfigError(message)
+
+
 def register() -> None:
     register_trainer()
     cs = ConfigStore.instance()

@@ -16,7 +16,7 @@ from omegaconf import DictConfig
 
 from sweeper import display
 from sweeper.collect import collect
-from sweeper.config import FLAGS
+from sweeper.config import FLAGS, validate_sweep
 from sweeper.plan import plan
 from sweeper.point_files import prepare
 from sweeper.points import Point
@@ -28,6 +28,7 @@ from trainer import data, metrics, provenance, tracking
 
 def run_sweep(base: DictConfig, points: list[Point], sweep_dir: Path, overrides: list[str]) -> int:
     """Run the points Hydra expanded; the exit status: 0 all finished, 1 some failed, 130 interrupted."""
+    validate_sweep(base)
     launcher, opts = base.launcher, base.sweep
     sweep_id = uuid.uuid4().hex[:8]
     runner = make_runner(launcher, sweep_dir, f"sweepscale-{sweep_id}")

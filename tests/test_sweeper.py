@@ -343,3 +343,17 @@ def test_two_sweeps_given_one_folder_write_two(tmp_path, mlflow_uri):
     kids = [r for r in runs(mlflow_uri) if "mlflow.parentRunId" in r.data.tags]
     assert sorted(r.data.params["hidden"] for r in kids) == ["16", "8"]
     assert {r.info.status for r in kids} == {"FINISHED"}
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("launcher.timeout_min=0", "launcher.timeout_min=0: a point needs at least 1 minute"),
+        ("sweep.poll_s=-1", "sweep.poll_s=-1.0: the watch polls every poll_s seconds"),
+        ("launcher.max_restarts=-1", "launcher.max_restarts=-1: 0 or more"),
+    ],
+)
+def test_bad_sweep_keys_stop_before_anything_is_recorded(override, message, tmp_path, mlflow_uri):
+    result = sweep(["hidden=8", *FAST, override], tmp_path, timeout=60)
+    assert result.returncode == 2 and f"Error: {message}" in result.stderr, result.stdout + result.stderr
+    assert runs(mlflow_uri) == []  # no parent, no child: nothing half-written

@@ -18,6 +18,7 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
 
+from trainer import limits
 from trainer.errors import ConfigError
 
 
@@ -239,6 +240,11 @@ def validate(cfg: TrainerConfig) -> None:
             f"lr={cfg.lr}: the learning rate must be a positive finite number, e.g. lr=0.1",
         ),
         (cfg.epochs >= 1, f"epochs={cfg.epochs}: train for at least one epoch; set epochs=1 or more"),
+        (0 <= cfg.seed < 2**32, f"seed={cfg.seed}: NumPy takes seeds from 0 to 2**32 - 1; set seed=0 or another"),
+        (
+            limits.weight_bytes(cfg.hidden, cfg.dtype.value) <= limits.machine_memory(),
+            limits.too_big(cfg.hidden, cfg.dtype.value),
+        ),
         (cfg.reg >= 0, f"reg={cfg.reg}: the L2 coefficient cannot be negative; set reg=1e-4 or 0"),
         (
             cfg.data.n_train is None or cfg.data.n_train >= 1,
@@ -248,20 +254,16 @@ def validate(cfg: TrainerConfig) -> None:
             cfg.data.n_test is None or cfg.data.n_test >= 0,
             f"data.n_test={cfg.data.n_test}: cannot be negative; 0 skips the test set, null takes all",
         ),
-    ]
-    checks.append(
         (
             not (cfg.gpu.gemm == Gemm.tf32 and cfg.dtype == DType.float64),
             "gpu.gemm=tf32 needs dtype=float32 (TF32 is a float32 GEMM mode); choose another gpu.gemm or float32",
-        )
-    )
-    checks.append(
+        ),
         (
             cfg.perf.repeats >= 1,
             f"perf.repeats={cfg.perf.repeats}: the batches are timed at least once (1 = the training run "
             "alone, k > 1 adds k - 1 timing repeats of the first epoch); set perf.repeats=1 or more",
-        )
-    )
+        ),
+    ]
     for ok, message in checks:
         if not ok:
             raise ConfigError(message)
