@@ -169,3 +169,9 @@ def test_a_gzip_bomb_is_not_inflated_past_its_header(tmp_path: Path):
         data.read_idx(path, data.IMAGES_MAGIC)
     grown_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
     assert grown_mib < 50  # the whole stream would take 200 MiB
+
+
+def test_an_idx_training_set_without_images_is_named(tmp_path: Path):
+    folder = write_idx_set(tmp_path, n_train=0, n_test=5)
+    with pytest.raises(ConfigError, match=r"train-images-idx3-ubyte.gz holds no images; the training set needs"):
+        data.load(str(folder), None, None, "float32")

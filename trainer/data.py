@@ -139,9 +139,11 @@ def _load_pair(folder: Path, images: str, labels: str) -> tuple[np.ndarray, np.n
             f"{img_path} holds {x.shape[0]} images but {lab_path} holds {y.shape[0]} labels; "
             "the two files must come from the same set"
         )
+    if x.shape[0] == 0 and images == "train_images":  # a test set may be empty, a training set not
+        raise ConfigError(f"{img_path} holds no images; the training set needs at least one")
     if y.size and int(y.max()) >= N_CLASSES:
         raise ConfigError(f"{lab_path}: label {int(y.max())} is outside 0..{N_CLASSES - 1}")
-    return x.reshape(x.shape[0], -1), y.astype(np.int64)
+    return x.reshape(x.shape[0], -1 if x.shape[0] else math.prod(x.shape[1:])), y.astype(np.int64)
 
 
 def load_idx_folder(folder: str | Path) -> Dataset:
