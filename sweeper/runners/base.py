@@ -67,7 +67,8 @@ class Runner(Protocol):
         ...
 
     def stop(self) -> None:
-        """The sweep was interrupted or is over: end what the runner holds beyond the jobs (idle workers)."""
+        """The sweep was interrupted, or failed before its watch ended: end what the runner holds beyond
+        the jobs (idle workers, and workers still waiting for their tickets)."""
         ...
 
 
