@@ -50,13 +50,14 @@ class SlurmLauncherConfig(LauncherConfig):
     qos: str | None = None
     mem: str | None = None  # per node, e.g. "32G"
     constraint: str | None = None
-    gpus_per_node: int = 0  # 0: ranks run on CPUs
-    ranks_per_node: int = 1  # most ranks one node holds (with GPUs: gpus_per_node)
-    max_nodes: int = 1
+    gpus_per_node: int | None = None  # 0: ranks run on CPUs; null: the partition's (its nodes' gres gpu:N)
+    ranks_per_node: int | None = None  # null: one per GPU, or per cpus_per_task of a node's CPUs
+    max_nodes: int | None = None  # null: the partition's nodes
     cpus_per_task: int = 1
     pmi: str = "pmi2"  # srun --mpi=...: pmi2 with the mpich wheel, pmix with Open MPI
     array_parallelism: int = 16
     points_per_job: int = 8  # warm: points one allocation serves (a job array of such chunks)
+    max_requeues: int = 3  # a job warned of its time limit checkpoints and requeues itself this often
     sbatch_args: dict[str, str] = field(default_factory=dict)
     srun_args: list[str] = field(default_factory=list)
     setup: list[str] = field(default_factory=list)
@@ -116,8 +117,10 @@ def validate_sweep(base: Any) -> None:
         ),
     ]
     for key in ("points_per_job", "array_parallelism", "ranks_per_node", "max_nodes", "cpus_per_task"):
-        if key in launcher:
+        if launcher.get(key) is not None:
             checks.append((launcher[key] >= 1, f"launcher.{key}={launcher[key]}: at least 1"))
+    if "max_requeues" in launcher:
+        checks.append((launcher.max_requeues >= 0, f"launcher.max_requeues={launcher.max_requeues}: 0 or more"))
     for key in ("gpus", "cpus", "gpus_per_node"):
         if launcher.get(key) is not None:
             checks.append((launcher[key] >= 0, f"launcher.{key}={launcher[key]}: cannot be negative"))

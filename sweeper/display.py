@@ -34,8 +34,11 @@ class Progress:
         if self.live:
             self.live.stop()
 
-    def update(self, counts: dict[str, int]) -> None:
+    def update(self, counts: dict[str, int], pending: dict[str, int] | None = None) -> None:
+        """``pending``: the scheduler's jobs not started yet, by its reason."""
         text = "  ".join(f"{s} {counts.get(s, 0)}" for s in STATES if counts.get(s)) + f"  of {self.total}"
+        if pending:
+            text += "  (jobs pending: " + ", ".join(f"{n} {reason}" for reason, n in sorted(pending.items())) + ")"
         if self.live:
             self.live.update(f"[bold]sweep[/bold] {text}  [dim]{time.monotonic() - self.t0:.0f} s[/dim]")
         elif text != self.last:

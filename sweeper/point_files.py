@@ -21,14 +21,18 @@ if TYPE_CHECKING:
     from sweeper.runners.base import Job
 
 
-def prepare(point: Point, uri: str, experiment: str, parent_id: str, sweep_id: str) -> None:
-    """Fill in where the child run is recorded, and write the point's config for its job."""
+def prepare(point: Point, uri: str, experiment: str, parent_id: str, sweep_id: str, checkpoints: bool) -> None:
+    """Fill in where the child run is recorded (and with ``checkpoints``, where its trainer keeps
+    them: the point's folder), and write the point's config for its job."""
     t = point.trainer
     with open_dict(t):
+        if checkpoints:
+            t.save.checkpoint_dir = str(point.dir.resolve())
         t.mlflow.tracking_uri = uri
         t.mlflow.experiment = experiment
         t.mlflow.parent_run_id = parent_id
         t.mlflow.run_name = point.name
+        t.mlflow.spool_dir = str(point.dir.resolve())  # used with a tracking server only
         t.mlflow.tags = {**t.mlflow.tags, metrics.TAG_SWEEP_ID: sweep_id}
     write_point_config(point)
 

@@ -1,5 +1,11 @@
 """What a point's job, or a warm worker's, runs (each Slurm task runs it too). Standard library
-only: every job imports this module to unpickle its function, so it must start fast."""
+only (and trainer/requeue.py): every job imports this module to unpickle its function, so it
+must start fast.
+
+A job that Slurm requeues, or that asks to be requeued at a time limit (the trainer exits with
+requeue.REQUEUE_STATUS after its checkpoint), leaves without a result: submitit and the sweep
+then keep waiting for the same job, which runs this again and resumes from the checkpoint.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +13,11 @@ import os
 import signal
 import subprocess
 import sys
-from typing import Any
+from typing import Any, NoReturn
+
+from sweeper import mpich_shm
+from trainer import requeue
+from trainer.requeue import REQUEUE_STATUS
 
 POINT_CONFIG = "point"
 
@@ -40,6 +50,7 @@ def run_worker(queue: str, name: str, nproc: int, mpiexec: str | None, env: dict
 def _run(cmd: list[str], env: dict[str, str], who: str, where: str) -> int:
     # srun's PMI hands each task a socket (PMI_FD); the trainer, not this wrapper, is the rank.
     keep = (int(os.environ["PMI_FD"]),) if "PMI_FD" in os.environ else ()
+    mpich_shm.remove_stale()
     proc = subprocess.Popen(cmd, env={**os.environ, **env}, pass_fds=keep)
 
     def forward(signum: int, _frame: Any) -> None:
@@ -48,8 +59,20 @@ def _run(cmd: list[str], env: dict[str, str], who: str, where: str) -> int:
     for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR2):
         signal.signal(s, forward)
     status = proc.wait()
+    mpich_shm.remove()  # left by ranks that did not finalize: the job may run again under the same ids
+    if (status == REQUEUE_STATUS and "SLURM_JOB_ID" in os.environ) or (status in TERMINATED and requeue.by_slurm()):
+        leave_for_requeue(ask=status == REQUEUE_STATUS)
     if status in TERMINATED:
         raise PointCancelledError(f"CANCELLED: {who} exited with status {status} ({where}) on SIGTERM")
     if status:
         raise PointFailedError(f"{who} exited with status {status} ({where})")
     return 0
+
+
+def leave_for_requeue(ask: bool) -> NoReturn:
+    """End this task with no result for submitit; with ``ask``, task 0 first requeues the job."""
+    if ask and os.environ.get("SLURM_PROCID", "0") == "0":
+        subprocess.run(["scontrol", "requeue", os.environ["SLURM_JOB_ID"]], check=False, timeout=60)
+    print(f"sweepscale: job {os.environ.get('SLURM_JOB_ID')} requeued: it resumes from its checkpoint", flush=True)
+    sys.stderr.flush()
+    os._exit(REQUEUE_STATUS)  # past submitit's handlers: a result file would end the job for the sweep

@@ -8,6 +8,7 @@ from typing import Any
 
 from sweeper.report.study import POINTS_ARTIFACT
 from trainer import metrics, tracking
+from trainer.worker import alive, owner
 
 
 def absolute_uri(uri: str) -> str:
@@ -42,6 +43,7 @@ class SweepRecord:
             metrics.TAG_SWEEP_ID: sweep_id,
             metrics.TAG_SCHEDULER: scheduler,
             "sweepscale.host": socket.gethostname(),
+            metrics.TAG_SWEEPER: owner(),
             **extra,
         }
         run = self.client.create_run(self.experiment_id, run_name=name, tags=tags)
@@ -61,6 +63,46 @@ class SweepRecord:
     def end_parent(self, status: str) -> None:
         if self.parent_id:
             self.client.set_terminated(self.parent_id, status)
+
+    def close_orphans(self) -> list[str]:
+        """Sweeps of this host whose sweeper is gone (SIGKILL, a closed session) left their parent and
+        children RUNNING: end them KILLED, saying why. Returns their sweep ids."""
+        host = socket.gethostname()
+        running = self.client.search_runs(
+            [self.experiment_id],
+            filter_string=f"attributes.status = 'RUNNING' and tags.`{metrics.TAG_SWEEPER}` LIKE '{host} %'",
+            max_results=1000,
+        )
+        closed = []
+        for parent in running:
+            pid = int(parent.data.tags[metrics.TAG_SWEEPER].split()[1])
+            if alive(pid):
+                continue
+            sweep_id = parent.data.tags[metrics.TAG_SWEEP_ID]
+            why = f"its sweeper (pid {pid} on {host}) ended without closing the sweep's runs"
+            for run in self.children(sweep_id).values():
+                if run.info.status == "RUNNING" and run.info.run_id != parent.info.run_id:
+                    self.client.set_tag(run.info.run_id, metrics.TAG_ERROR, why)
+                    self.client.set_terminated(run.info.run_id, "KILLED")
+            self.client.set_tag(parent.info.run_id, metrics.TAG_ERROR, why)
+            self.client.set_terminated(parent.info.run_id, "KILLED")
+            closed.append(sweep_id)
+        return closed
+
+    def abandon(self, error: BaseException) -> None:
+        """The sweep failed before its end (sbatch refused a job, ...): its parent and the runs still
+        RUNNING end FAILED (KILLED on Ctrl-C), with the error; a store that fails too is left be."""
+        status = "KILLED" if isinstance(error, KeyboardInterrupt) else "FAILED"
+        try:
+            if self.parent_id is None:
+                return
+            sweep_id = self.client.get_run(self.parent_id).data.tags[metrics.TAG_SWEEP_ID]
+            for run in [*self.children(sweep_id).values(), self.client.get_run(self.parent_id)]:
+                if run.info.status == "RUNNING":
+                    self.client.set_tag(run.info.run_id, metrics.TAG_ERROR, f"the sweep failed: {error}"[-5000:])
+                    self.client.set_terminated(run.info.run_id, status)
+        except Exception:  # the store itself may be what failed
+            pass
 
     def kill_running(self, sweep_id: str) -> list[str]:
         """Mark this sweep's still-RUNNING child runs KILLED (their jobs were cancelled)."""

@@ -23,7 +23,7 @@ from sweeper.points import Point
 from sweeper.records import SweepRecord, absolute_uri
 from sweeper.runners.base import Runner, make_runner
 from sweeper.watch import watch
-from trainer import data, metrics, provenance, tracking
+from trainer import data, journal, limits, metrics, provenance, tracking, uri_check
 
 
 def run_sweep(base: DictConfig, points: list[Point], sweep_dir: Path, overrides: list[str]) -> int:
@@ -38,15 +38,18 @@ def run_sweep(base: DictConfig, points: list[Point], sweep_dir: Path, overrides:
     check_data(points)
     runner.check(points)
     uri = absolute_uri(tracking.tracking_uri(base.mlflow.tracking_uri))
-    tracking.check_uri(uri)
+    uri_check.check_uri(uri)
     if opts.dry_run:
         preview(points, runner.preview(groups))
         return 0
 
     runner.prestart(points)  # warm workers start up while MLflow is imported and the parent recorded
+    record = None
     try:
         experiment = tracking.experiment_name(base.mlflow.experiment)
         record = SweepRecord(uri, experiment)
+        for gone in record.close_orphans():
+            display.console.print(f"sweep {gone}: its sweeper is gone; its runs left RUNNING are now KILLED")
         done_before = resume(record, points, opts.force)
         todo = [p for p in points if p.config_hash not in done_before]
 
@@ -55,12 +58,17 @@ def run_sweep(base: DictConfig, points: list[Point], sweep_dir: Path, overrides:
             f"sweep {sweep_id}: {len(todo)} point(s) to run, MLflow parent run {parent_id}, folder {sweep_dir}"
         )
         for p in todo:
-            prepare(p, uri, experiment, parent_id, sweep_id)
+            prepare(p, uri, experiment, parent_id, sweep_id, runner.checkpoints)
 
         flight = watch(runner, todo, len(points), len(points) - len(todo), opts.poll_s)
-    except BaseException:  # e.g. the store refused the parent: the workers waiting for points end
-        runner.stop()
+    except BaseException as e:  # e.g. the store refused the parent, sbatch refused a job
+        runner.stop()  # the workers waiting for points end
+        if record is not None:
+            record.abandon(e)  # no run of this sweep stays RUNNING
         raise
+    if uri.startswith(("http://", "https://")):  # what points left while the server was away
+        for path, what in journal.send_left(sweep_dir):
+            display.console.print(f"tracking journal of {path.parent.name}: {what}")
     if flight.interrupted:
         record.kill_running(sweep_id)  # runs whose trainer could not say so
 
@@ -87,14 +95,18 @@ def distinct(points: list[Point], groups: dict) -> tuple[list[Point], dict]:
 
 
 def check_data(points: list[Point]) -> None:
-    """Load each distinct data set once, so a bad folder or file stops the sweep before submission."""
-    seen = set()
+    """Load each distinct data set once and try each folder the runs write into (the reference
+    cache), so that a bad folder or file stops the sweep before submission."""
+    seen: set[tuple] = set()
     for p in points:
-        d = p.trainer.data
+        d, c = p.trainer.data, p.trainer.check
         key = (d.dir, d.n_train, d.n_test)
         if key not in seen:
             seen.add(key)
             data.load(d.dir, d.n_train, d.n_test, "float32")
+        if (c.reference, c.cache_dir) not in seen:
+            seen.add((c.reference, c.cache_dir))
+            limits.check_folders(p.trainer)
 
 
 def preview(points: list[Point], scripts: dict[str, str]) -> None:

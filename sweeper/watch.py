@@ -45,16 +45,19 @@ def watch(runner: Runner, todo: list[Point], total: int, skipped: int, poll_s: f
                     "failed": failed,
                     "skipped": skipped,
                 }
-                progress.update(counts)
+                progress.update(counts, runner.pending())
                 if not (flight.queued or flight.running):
                     break
                 time.sleep(poll_s)
     except KeyboardInterrupt:
         flight.interrupted = True
+        for s in (signal.SIGINT, signal.SIGTERM):  # a second Ctrl-C must not leave the runs RUNNING
+            signal.signal(s, _absorb)
         display.console.print("[red]interrupted: cancelling the sweep's jobs[/red]")
         cancel_all(runner, flight, poll_s)
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        if not flight.interrupted:
+            signal.signal(signal.SIGTERM, previous)
     return flight
 
 
@@ -85,3 +88,8 @@ def cancel_all(runner: Runner, flight: Flight, poll_s: float) -> None:
 
 def _interrupt(_signum: int, _frame: Any) -> None:
     raise KeyboardInterrupt
+
+
+def _absorb(_signum: int, _frame: Any) -> None:
+    """Ctrl-C or SIGTERM again, while the sweep ends its jobs and runs: it finishes that first."""
+    display.console.print("[red]still cleaning up: the sweep's runs are being ended, a moment[/red]")

@@ -175,3 +175,11 @@ def test_an_idx_training_set_without_images_is_named(tmp_path: Path):
     folder = write_idx_set(tmp_path, n_train=0, n_test=5)
     with pytest.raises(ConfigError, match=r"train-images-idx3-ubyte.gz holds no images; the training set needs"):
         data.load(str(folder), None, None, "float32")
+
+
+def test_test_images_of_another_size_are_named(tmp_path: Path):
+    """The network's input width is the training images': a test set of other images is refused."""
+    folder = write_idx_set(tmp_path, n_train=5, n_test=5)
+    data.write_idx(folder / f"{data.FILES['test_images']}.gz", np.zeros((5, 10, 10), np.uint8))
+    with pytest.raises(ConfigError, match=r"t10k-images-idx3-ubyte.gz: images of 100 pixels, but the training"):
+        data.load_idx_folder(folder)

@@ -101,6 +101,7 @@ def test_dry_run_on_slurm_shows_sbatch_lines(tmp_path, mlflow_uri):
         (["hidden=range(0)"], "the sweep is empty: no point to run"),
         (["nproc=1,2", "launcher=debug"], "launcher=debug runs in this process, so nproc must be 1"),
         (["data.dir=/nonexistent/mnist"], "data.dir=/nonexistent/mnist: no such folder"),
+        (["check.cache_dir=/proc/sweepscale"], "check.cache_dir=/proc/sweepscale: cannot write there"),
     ],
 )
 def test_bad_input_stops_before_anything_is_submitted(args, message, tmp_path, mlflow_uri):
@@ -156,7 +157,8 @@ def test_debug_launcher_runs_in_process(tmp_path, mlflow_uri):
     assert {r.info.status for r in kids.values()} == {"FINISHED"} and len(kids) == 2
 
 
-def test_sigterm_cancels_jobs_and_marks_runs_killed(tmp_path, mlflow_uri):
+def test_sigterm_then_ctrl_c_cancels_jobs_and_marks_runs_killed(tmp_path, mlflow_uri):
+    """SIGTERM, then an impatient Ctrl-C while the sweep cleans up: absorbed, nothing left RUNNING."""
     runs(mlflow_uri)  # create the store first: polling must not race the sweeper's schema set-up
     cmd = [sys.executable, "-m", "sweeper", "-m", "nproc=1", "epochs=100000", "data.n_train=200"]
     proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -166,14 +168,41 @@ def test_sigterm_cancels_jobs_and_marks_runs_killed(tmp_path, mlflow_uri):
     ):
         time.sleep(0.5)
     proc.send_signal(signal.SIGTERM)
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGINT)
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 130, out
     assert "interrupted: cancelling the sweep's jobs" in out and "sweep summary" in out
+    assert "still cleaning up" in out
     statuses = {r.info.status for r in runs(mlflow_uri)}
     assert statuses == {"KILLED"}, statuses
     # The report of what there is still comes: the killed point listed, nothing drawn.
     (report,) = tmp_path.glob("multirun/*/*/report/points.csv")
     assert "nproc=1" in report.read_text() and "KILLED" in report.read_text()
+
+
+def test_a_sweep_whose_sweeper_was_killed_is_closed_by_the_next(tmp_path, mlflow_uri):
+    """SIGKILL of the sweeper and its jobs leaves runs RUNNING; the next sweep ends them KILLED."""
+    runs(mlflow_uri)  # create the store first: polling must not race the sweeper's schema set-up
+    cmd = [sys.executable, "-m", "sweeper", "-m", "nproc=1", "epochs=100000", "data.n_train=200"]
+    proc = subprocess.Popen(
+        cmd, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True
+    )
+    deadline = time.time() + 120
+    while time.time() < deadline and not any(
+        r.info.status == "RUNNING" and "mlflow.parentRunId" in r.data.tags for r in runs(mlflow_uri)
+    ):
+        time.sleep(0.5)
+    os.killpg(proc.pid, signal.SIGKILL)  # the sweeper and everything it started: nobody ends the runs
+    proc.wait()
+    assert {r.info.status for r in runs(mlflow_uri)} == {"RUNNING"}
+    result = sweep(["hidden=8", *FAST], tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "its sweeper is gone; its runs left RUNNING are now KILLED" in result.stdout
+    statuses = sorted(r.info.status for r in runs(mlflow_uri))
+    assert statuses == ["FINISHED", "FINISHED", "KILLED", "KILLED"], statuses  # nothing left RUNNING
+    killed = [r for r in runs(mlflow_uri) if r.info.status == "KILLED"]
+    assert all("ended without closing the sweep's runs" in r.data.tags[metrics.TAG_ERROR] for r in killed)
 
 
 def slurm_answers() -> bool:
@@ -188,12 +217,13 @@ def slurm_answers() -> bool:
 slurm = pytest.mark.skipif(
     not slurm_answers(), reason="no Slurm answers here (`sinfo` failed): CI starts one with scripts/slurm_up.sh"
 )
-SLURM = ["launcher=slurm", "launcher.ranks_per_node=2", "launcher.timeout_min=10"]
+SLURM = ["launcher=slurm", "launcher.timeout_min=10"]  # ranks per node: the partition's (2 CPUs)
 
 
 @slurm
 def test_slurm_sweep_world_sizes_failures_and_resume(tmp_path, mlflow_uri):
-    args = ["hidden=16,32", "nproc=1,2", *FAST, *SLURM]
+    """The README's Slurm example on the one-node CI cluster (small data): ranks per node from the partition."""
+    args = ["hidden=512,1024", "nproc=1,2", "launcher=slurm", "launcher.timeout_min=30", *FAST]
     result = sweep(args, tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     (parent,) = parents(mlflow_uri)
@@ -256,6 +286,58 @@ def test_slurm_scancel_ends_killed_and_sweep_reports(tmp_path, mlflow_uri):
 
 
 @slurm
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ["launcher.partition=short", "launcher.timeout_min=10"],
+            "launcher.timeout_min=10 x 1 point(s) per job = 10 min, but partition short's MaxTime is 5 min",
+        ),
+        (["nproc=4"], "nproc=4 exceeds 1 node(s) x 2 ranks = 2; raise launcher.max_nodes"),
+        (
+            ["launcher.ranks_per_node=4", "nproc=1"],
+            "launcher.ranks_per_node=4 x cpus_per_task=1 CPUs, but partition debug's nodes have 2",
+        ),
+        (["launcher.max_nodes=3", "nproc=1"], "launcher.max_nodes=3, but partition debug lets a job span 1 node(s)"),
+    ],
+)
+def test_slurm_points_the_partition_cannot_run_are_refused(args, message, tmp_path, mlflow_uri):
+    """The one-node CI cluster (2 CPUs; partition short: MaxTime 5 min): refused, not pending forever."""
+    result = sweep(["launcher=slurm", "hidden=8", *args, "--dry-run"], tmp_path, timeout=60)
+    assert result.returncode == 2 and message in result.stderr, result.stdout + result.stderr
+
+
+@slurm
+def test_a_pending_job_shows_as_pending_with_slurms_reason(tmp_path, mlflow_uri):
+    """A job that may not start yet (sbatch --begin) pends: the progress says so and why; Ctrl-C ends it."""
+    cmd = [sys.executable, "-m", "sweeper", "-m", "hidden=8", *FAST, *SLURM, "+launcher.sbatch_args.begin=now+1hour"]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    seen = []
+    try:
+        for line in proc.stdout:
+            seen.append(line)
+            if "(jobs pending: 1 BeginTime)" in line:
+                proc.send_signal(signal.SIGINT)
+                break
+        out = "".join(seen) + proc.communicate(timeout=90)[0]
+    finally:
+        proc.kill()
+    assert "(jobs pending: 1 BeginTime)" in out and proc.returncode == 130, out
+    assert [r.info.status for r in runs(mlflow_uri)] == ["KILLED"]  # the parent; no child ever started
+    jobs = [d.name for d in tmp_path.glob("multirun/*/*/.submitit/*") if d.name[0].isdigit()]
+    assert jobs and not subprocess.run(["squeue", "-h", "-j", ",".join(jobs)], capture_output=True, text=True).stdout
+
+
+@slurm
+def test_a_job_sbatch_refuses_leaves_no_run_running(tmp_path, mlflow_uri):
+    """sbatch refusing the sweep's job (here an option it rejects) ends the sweep and its parent FAILED."""
+    result = sweep(["hidden=8", *FAST, *SLURM, "+launcher.sbatch_args.hold=yes"], tmp_path, timeout=60)
+    assert result.returncode != 0 and "sbatch: option '--hold' doesn't allow an argument" in result.stderr
+    (parent,) = runs(mlflow_uri)
+    assert parent.info.status == "FAILED" and "sbatch" in parent.data.tags[metrics.TAG_ERROR]
+
+
+@slurm
 def test_slurm_unknown_partition_surfaces_scheduler_message(tmp_path, mlflow_uri):
     result = sweep(["nproc=1,2", *SLURM, "launcher.partition=nosuchpart"], tmp_path)
     assert result.returncode == 2
@@ -276,8 +358,8 @@ def test_presets_expand_to_their_grids(preset, tmp_path, idx_dir, mlflow_uri):
         f"+experiment={preset}",
         f"data.dir={idx_dir}",
         "data.n_train=60",
-        "launcher=slurm",
-        "launcher.ranks_per_node=4",
+        "launcher=local",
+        "launcher.cpus=4",  # nproc=4 is previewed, not run
         "--dry-run",
     ]
     result = sweep(args, tmp_path)

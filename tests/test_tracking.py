@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from trainer import metrics, tracking
+from trainer import metrics, tracking, uri_check
 
 
 def test_background_run_records_what_a_foreground_one_does(mlflow_uri):
@@ -72,12 +72,12 @@ def test_tracking_uri_mistakes_are_named_in_a_moment(uri, message):
 
     t0 = time.perf_counter()
     with pytest.raises(ConfigError, match=message):
-        tracking.check_uri(uri)
-    assert time.perf_counter() - t0 < tracking.CONNECT_S + 1
+        uri_check.check_uri(uri)
+    assert time.perf_counter() - t0 < uri_check.CONNECT_S + 1
 
 
 def test_a_good_sqlite_uri_passes_and_creates_nothing(tmp_path):
-    tracking.check_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    uri_check.check_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
     assert list(tmp_path.iterdir()) == []
 
 

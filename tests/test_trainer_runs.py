@@ -187,10 +187,17 @@ def test_world_size_must_equal_nproc(tmp_path, mlflow_uri):
     assert "nproc=3 but this MPI world has 2 ranks: start it with `mpiexec -n 3` or set nproc=2" in result.stderr
 
 
-def test_bad_input_fails_before_any_rank_starts(tmp_path, mlflow_uri):
-    result = trainer(["nproc=2", f"data.dir={tmp_path / 'missing'}"], tmp_path)
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("data.dir=missing", "data.dir=missing: no such folder"),
+        ("check.cache_dir=/proc/sweepscale", "check.cache_dir=/proc/sweepscale: cannot write there"),
+    ],
+)
+def test_bad_input_fails_before_any_rank_starts(override, message, tmp_path, mlflow_uri):
+    result = trainer(["nproc=2", override], tmp_path)
     assert result.returncode == 2
-    assert f"data.dir={tmp_path / 'missing'}: no such folder" in result.stderr
+    assert message in result.stderr
     assert not (tmp_path / "mlflow.db").exists()  # nothing half-written
 
 

@@ -190,7 +190,8 @@ def test_worker_claims_are_atomic_between_workers(tmp_path):
         (queue / TODO / f"{i:06d}").write_text(str(tmp_path / f"p{i}"))
     script = (
         "import sys; from pathlib import Path; from trainer.worker import claim\n"
-        "while (d := claim(Path(sys.argv[1]), sys.argv[2])) is not None: print(d.name)\n"
+        "served = set()\n"
+        "while (d := claim(Path(sys.argv[1]), sys.argv[2], served)) is not None: print(d.name)\n"
     )
     procs = [
         subprocess.Popen([sys.executable, "-c", script, str(queue), name], stdout=subprocess.PIPE, text=True)
@@ -198,7 +199,7 @@ def test_worker_claims_are_atomic_between_workers(tmp_path):
     ]
     taken = [line for p in procs for line in io.StringIO(p.communicate(timeout=60)[0]).read().split()]
     assert sorted(taken) == sorted(f"p{i}" for i in range(200))
-    assert claim(queue, "d") is None
+    assert claim(queue, "d", set()) is None
 
 
 def test_an_early_worker_waits_for_the_seal_or_for_its_sweeper(tmp_path):

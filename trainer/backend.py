@@ -56,3 +56,12 @@ def select(device: str, local_rank: int) -> Backend:
         "cuda_driver": str(cupy.cuda.runtime.driverGetVersion()),
     }
     return Backend(cupy, "gpu", name, versions, n_gpus)
+
+
+def pinned(a: np.ndarray) -> Any:
+    """A copy of ``a`` in page-locked host memory (the course's host-to-device path)."""
+    import cupyx
+
+    out = cupyx.empty_pinned(a.shape, dtype=a.dtype)
+    out[...] = a
+    return out

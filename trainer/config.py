@@ -127,12 +127,18 @@ class MlflowConfig:
     parent_run_id: str | None = None
     # Extra tags, e.g. {sweepscale.sweep_id: ...}.
     tags: dict[str, str] = field(default_factory=dict)
+    # With a tracking server (http): the run's writes wait here for it, training never does
+    # (trainer/journal.py). The sweeper sets each point's folder.
+    spool_dir: str | None = None
 
 
 @dataclass
 class SaveConfig:
     # Log the initial and final weights (W1, b1, W2, b2) as .npz artifacts.
     weights: bool = MISSING
+    # Per-epoch checkpoints here (trainer/checkpoint.py); a run started again resumes from them.
+    # Null: none. The sweeper sets each point's folder. Not hashed: where, not what.
+    checkpoint_dir: str | None = None
 
 
 @dataclass
@@ -208,11 +214,12 @@ class TrainerConfig:
 NOT_HASHED = ("mlflow", "mpi", "paths")
 
 
-def config_hash(cfg: Any) -> str:
+def config_hash(cfg: Any, ignore: tuple[str, ...] = ()) -> str:
     """Short hash of everything that determines a run's result (the resume key of sweeps)."""
     d = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
-    d = {k: v for k, v in d.items() if k not in NOT_HASHED}
+    d = {k: v for k, v in d.items() if k not in NOT_HASHED + ignore}
     d.get("check", {}).pop("divergence", None)  # how a diverged run ends, not what it computes
+    d.get("save", {}).pop("checkpoint_dir", None)
     return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:12]
 
 
@@ -270,15 +277,8 @@ def validate(cfg: TrainerConfig) -> None:
 
 
 # Keys that moved into the gpu group: old spelling -> new key.
-OLD_KEYS = {
-    "step": "gpu.step",
-    "comm": "gpu.comm",
-    "tf32": "gpu.gemm",
-    "fp32_gemm": "gpu.gemm",
-    "overlap": "gpu.overlap",
-    "nccl_window": "gpu.nccl_window",
-    "profile": "gpu.profile",
-}
+OLD_KEYS = {k: f"gpu.{k}" for k in ("step", "comm", "overlap", "nccl_window", "profile")}
+OLD_KEYS.update(tf32="gpu.gemm", fp32_gemm="gpu.gemm")
 
 
 def check_old_keys(overrides: list[str]) -> None:

@@ -23,6 +23,10 @@ def epoch_line(epoch: int, epochs: int, loss: float, precision: float | None, se
         _console().print(f"epoch {epoch:>{len(str(epochs))}}/{epochs}  loss {loss:.5f}{prec}  {seconds:.3f} s")
 
 
+def resumed(run_id: str, epoch: int, epochs: int) -> None:
+    _console().print(f"resuming run {run_id} from its checkpoint after epoch {epoch}/{epochs}")
+
+
 def summary(run_id: str, uri: str, rows: dict[str, str]) -> None:
     from rich.table import Table
 

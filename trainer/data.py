@@ -155,6 +155,11 @@ def load_idx_folder(folder: str | Path) -> Dataset:
         )
     x_train, y_train = _load_pair(folder, "train_images", "train_labels")
     x_test, y_test = _load_pair(folder, "test_images", "test_labels")
+    if len(y_test) and x_test.shape[1] != x_train.shape[1]:  # the network's input width is the training set's
+        raise ConfigError(
+            f"{_find(folder, FILES['test_images'])}: images of {x_test.shape[1]} pixels, but the training images "
+            f"have {x_train.shape[1]}; use test and training files of one data set"
+        )
     return Dataset(x_train, y_train, x_test, y_test, source=str(folder.resolve()))
 
 

@@ -52,6 +52,21 @@ class EpochResult:
         return float(np.average(self.losses, weights=self.batch_sizes))
 
 
+class DivergedError(RuntimeError):
+    """A training loss that is NaN or infinite (check.divergence=stop)."""
+
+
+def check_finite(e: EpochResult) -> None:
+    """Raise at the first non-finite loss of the epoch, naming its step (its curve is recorded)."""
+    bad = np.flatnonzero(~np.isfinite(e.losses))
+    if bad.size:
+        k = e.first_iteration + int(bad[0])
+        raise DivergedError(
+            f"diverged at step {k} (epoch {e.epoch}): training loss {e.losses[bad[0]]}; "
+            "lower lr, or set check.divergence=go_on to train on"
+        )
+
+
 def local_rows(n: int, size: int, rank: int) -> tuple[int, int]:
     """This rank's [lo, hi) of n rows split as evenly as possible (sizes differ by at most 1)."""
     base, extra = divmod(n, size)
@@ -121,6 +136,7 @@ def fit(
     fault_iteration: int | None = None,
     options: StepOptions = GENERIC,
     fault_kind: str = "error",
+    start_epoch: int = 1,
 ) -> Any:
     """Train ``params`` (a flat xp array, updated in place) and return it.
 
@@ -128,7 +144,8 @@ def fit(
     copied to the device one slice per batch (the "h2d" phase). Every rank runs this with the
     same params and schedule; ``allreduce`` sums the flat gradient buffer over the ranks.
     ``options`` (trainer/options.py) picks the implementation of the step and how it runs
-    (trainer/step.py make_step); the default is the generic step.
+    (trainer/step.py make_step); the default is the generic step. ``start_epoch`` > 1 resumes
+    from ``params`` as a checkpoint left them after epoch ``start_epoch - 1`` (trainer/checkpoint.py).
     """
     gbuf = gradient_buffer(allreduce, xp, layout.size + 1, params.dtype)  # gradient, then summed cross-entropy
     max_rows = -(-schedule.batch_size // size)
@@ -143,8 +160,8 @@ def fit(
     prepared = None
     if not schedule.shuffle and not isinstance(x, np.ndarray):
         prepared = step.prepare(x, [(start + lo, start + hi) for start, _, lo, hi in bounds])
-    iteration = 0
-    for epoch in range(1, schedule.epochs + 1):
+    iteration = (start_epoch - 1) * n_batches
+    for epoch in range(start_epoch, schedule.epochs + 1):
         order = epoch_order(n, epoch, schedule)
         if order is not None and not isinstance(x, np.ndarray):
             order = xp.asarray(order)  # gather on the device where the data lives

@@ -50,9 +50,13 @@ EXPERIMENT_KIND = "custom_model_development"
 TAG_SCHEDULER = "sweepscale.scheduler"
 TAG_COMMAND = "sweepscale.command"
 TAG_SWEEP_DIR = "sweepscale.sweep_dir"
+TAG_SWEEPER = "sweepscale.sweeper"  # "host pid" of the sweeper process: a later sweep closes one left RUNNING
 # How a run's process started: warm (a worker that serves many points) or cold (its own process).
 TAG_WARM = "sweepscale.warm"  # "true" | "false"
 TAG_WORKER = "sweepscale.worker"  # which worker served it (host:pid of its rank 0), warm runs only
+# A run resumed from a checkpoint (trainer/checkpoint.py): the epoch it went on from; the job's restarts.
+TAG_RESUMED_FROM_EPOCH = "sweepscale.resumed_from_epoch"
+TAG_RESTARTS = "sweepscale.restarts"
 # Seconds from the process's start (cold) or the point's claim (warm) to its first batch.
 TIME_TO_FIRST_BATCH = "time/to_first_batch_s"
 

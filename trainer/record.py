@@ -4,15 +4,17 @@ reference."""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
-from trainer import flops, metrics, model, parallel, reference, reference_jobs, tracking
+from trainer import console, flops, metrics, model, parallel, reference, reference_jobs, tracking
 from trainer.backend import Backend
+from trainer.checkpoint import Checkpoint
 from trainer.config import config_hash
-from trainer.loop import GENERIC, Schedule
+from trainer.loop import GENERIC, EpochResult, Schedule
 from trainer.options import StepOptions
 
 
@@ -67,7 +69,38 @@ def start_recording(
         recorder.log_text(text, "config.yaml")
 
     experiment = tracking.experiment_name(cfg.mlflow.experiment)
-    return tracking.Recorder(uri, experiment, cfg.mlflow.run_name, tags, setup, background)
+    return tracking.Recorder(uri, experiment, cfg.mlflow.run_name, tags, setup, background, spool=cfg.mlflow.spool_dir)
+
+
+def resume_recording(
+    uri: str, ckpt: Checkpoint, hosts: list[str], epochs: int, spool: str | None = None
+) -> tracking.Recorder:
+    """The checkpoint's run, RUNNING again (a requeued or restarted job goes on where it stopped);
+    the checkpoint's own epoch is logged again in case the store never got it (the recorder drops
+    what it holds)."""
+    tags = {
+        metrics.TAG_RESUMED_FROM_EPOCH: str(ckpt.epoch),
+        metrics.TAG_RESTARTS: os.environ.get("SLURM_RESTART_COUNT", "0"),
+        "sweepscale.hosts": ",".join(sorted(set(hosts))),
+    }
+    recorder = tracking.Recorder(uri, "", None, tags, resume=ckpt.run_id, spool=spool)
+    precision = None if np.isnan(ckpt.precision) else ckpt.precision
+    first = ckpt.iteration - len(ckpt.losses)
+    record_epoch(recorder, EpochResult(ckpt.epoch, first, ckpt.losses, ckpt.batch_sizes, ckpt.seconds), precision)
+    console.resumed(ckpt.run_id, ckpt.epoch, epochs)
+    return recorder
+
+
+def record_epoch(recorder: tracking.Recorder, e: EpochResult, precision: float | None) -> None:
+    """An epoch's curves, sent at once: its mini-batch losses (step: global iteration), its mean
+    loss, time and test precision (step: epoch)."""
+    for i, value in enumerate(e.losses):
+        recorder.metric(metrics.TRAIN_LOSS, value, e.first_iteration + i)
+    recorder.metric(metrics.TRAIN_LOSS_EPOCH, e.mean_loss, e.epoch)
+    recorder.metric(metrics.EPOCH_TIME, e.seconds, e.epoch)
+    if precision is not None:
+        recorder.metric(metrics.TEST_PRECISION, precision, e.epoch)
+    recorder.flush()
 
 
 def start_reference(

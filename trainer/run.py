@@ -17,15 +17,24 @@ from typing import Any
 import numpy as np
 from omegaconf import DictConfig
 
-from trainer import console, launch, metrics, model, parallel, reference_jobs, tracking
+from trainer import checkpoint, console, launch, limits, metrics, model, parallel, reference_jobs, requeue, tracking
 from trainer import data as data_mod
-from trainer.backend import Backend, gpu_count, select
+from trainer.backend import Backend, gpu_count, pinned, select
 from trainer.clock import PhaseClock, process_start
 from trainer.config import Divergence, Gemm, validate
 from trainer.errors import ConfigError
-from trainer.loop import STEP_PHASES, EpochResult, Schedule, fit
+from trainer.loop import STEP_PHASES, EpochResult, Schedule, check_finite, fit
 from trainer.options import StepOptions
-from trainer.record import check_against_reference, record_performance, start_recording, start_reference
+from trainer.record import (
+    check_against_reference,
+    record_epoch,
+    record_performance,
+    resume_recording,
+    start_recording,
+    start_reference,
+)
+from trainer.requeue import TimeLimitReached
+from trainer.uri_check import check_uri
 
 
 class Terminated(BaseException):
@@ -50,7 +59,9 @@ def main(cfg: DictConfig, argv: list[str]) -> int:
                 if cfg.gpu[key].value == gpu_only:
                     raise ConfigError(f"gpu.{key}={gpu_only} needs a GPU and none is used here; set gpu.{key}=auto")
         if not parallel.launched_by_mpi():  # the launching process: before any rank starts
-            tracking.check_uri(tracking.tracking_uri(cfg.mlflow.tracking_uri))
+            check_uri(tracking.tracking_uri(cfg.mlflow.tracking_uri))
+            limits.check_folders(cfg)
+            checkpoint.load(cfg.save.checkpoint_dir, checkpoint.resume_key(cfg))  # another config's: refused
         ds = load_data(cfg)  # bad data is reported here, before any rank starts or trains
         if cfg.nproc > 1 and not parallel.launched_by_mpi():
             return launch.launch_ranks(cfg, argv)
@@ -121,57 +132,56 @@ def train_and_defer(
     recorder: tracking.Recorder | None = None
     run_id: str | None = None
     signal.signal(signal.SIGTERM, _raise_terminated)
+    requeue.arm()
     try:
         backend = select(cfg.device, world.local_rank)
         options = StepOptions.resolve(cfg, backend.kind)  # the step's options, resolved once
         hosts = world.comm.gather(socket.gethostname())
-        if world.rank == 0:
+        key = checkpoint.resume_key(cfg)  # rank 0 reads, the others get it: one view of the folder
+        ckpt = world.comm.bcast(checkpoint.load(cfg.save.checkpoint_dir, key) if world.rank == 0 else None)
+        if world.rank == 0 and ckpt is not None:  # a requeued or restarted job: the same run goes on
+            recorder = resume_recording(uri, ckpt, hosts, cfg.epochs, cfg.mlflow.spool_dir)
+            run_id = recorder.run_id
+        elif world.rank == 0:
             # Alone, rank 0 creates the run while it trains; other ranks need its id before (to record a failure).
             background = world.size == 1 and tracking.opens_in_background(uri)
             recorder = start_recording(cfg, uri, world, backend, hosts, background)
             run_id = None if background else recorder.run_id
+        if world.rank == 0:
             launch.tell_launcher(run_id)
         run_id = world.comm.bcast(run_id)
         try:
-            pending = train_on_rank(cfg, options, world, backend, ds, recorder, origin)
+            pending = train_on_rank(cfg, options, world, backend, ds, recorder, origin, ckpt)
         finally:  # a run created in the background: its id, once known, lets a failure be recorded
             if recorder is not None:
                 run_id = recorder.settled_run_id()
         return 0 if pending is None else pending
     except BaseException as e:
+        if isinstance(e, TimeLimitReached):  # every rank stopped at the same epoch: rank 0 says so
+            if world.rank == 0:
+                _record_failure(e, uri, run_id, recorder, 0, traced=False)
+            return requeue.REQUEUE_STATUS if e.requeue else 1
         status = _record_failure(e, uri, run_id, recorder, world.rank)
         if world.size > 1:
             world.abort(1)  # the other ranks may wait in a collective: end them all now
         return status
 
 
-class DivergedError(RuntimeError):
-    """A training loss that is NaN or infinite (check.divergence=stop)."""
-
-
-def check_finite(e: EpochResult) -> None:
-    """Raise at the first non-finite loss of the epoch, naming its step (its curve is recorded)."""
-    bad = np.flatnonzero(~np.isfinite(e.losses))
-    if bad.size:
-        k = e.first_iteration + int(bad[0])
-        raise DivergedError(
-            f"diverged at step {k} (epoch {e.epoch}): training loss {e.losses[bad[0]]}; "
-            "lower lr, or set check.divergence=go_on to train on"
-        )
-
-
 def _record_failure(
     e: BaseException, uri: str, run_id: str | None, recorder: tracking.Recorder | None, rank: int, traced: bool = True
 ) -> int:
-    """End the run FAILED, or KILLED on Ctrl-C or SIGTERM, with the error; returns the status."""
-    status = "KILLED" if isinstance(e, (KeyboardInterrupt, Terminated)) else "FAILED"
+    """End the run FAILED, or KILLED on Ctrl-C, SIGTERM or a time limit it will resume from, with
+    the error; returns the status."""
+    killed = isinstance(e, (KeyboardInterrupt, Terminated)) or getattr(e, "requeue", False)
+    status = "KILLED" if killed else "FAILED"
     text = traceback.format_exc() if traced else f"{type(e).__name__}: {e}"
     print(f"[rank {rank}] run {status}:\n{text}", file=sys.stderr, flush=True)
     if run_id is not None:
         try:
-            if recorder is not None:
-                recorder.flush()
-            tracking.mark_ended(uri, run_id, status, text, rank)
+            if recorder is not None:  # its queued metrics first, and through its journal if it keeps one
+                recorder.fail(status, text, rank)
+            else:
+                tracking.mark_ended(uri, run_id, status, text, rank)
         except Exception as record_error:  # the store may be what failed
             print(f"[rank {rank}] could not record the failure: {record_error}", file=sys.stderr)
     return KILLED_STATUS if status == "KILLED" else 1
@@ -185,19 +195,21 @@ def train_on_rank(
     ds: data_mod.Dataset,
     recorder: tracking.Recorder | None,
     origin: float | None = None,
+    ckpt: checkpoint.Checkpoint | None = None,
 ) -> Pending | None:
     """``origin``: a time.time() value, the start of the time to first batch (None: this process's start).
-    Rank 0 returns its run, to end once the reference is there; other ranks None."""
+    ``ckpt``: the checkpoint to resume from. Rank 0 returns its run, to end once the reference is
+    there; other ranks None."""
     origin = process_start() if origin is None else origin
     xp, on_gpu = backend.xp, backend.kind == "gpu"
     layout = model.Layout(D=ds.n_features, H=cfg.hidden, C=data_mod.N_CLASSES)
     schedule = schedule_of(cfg)
     init = model.init_params(layout, cfg.seed, cfg.dtype.value, cfg.model.init.value)
-    params = xp.array(init)  # a copy: init is kept for the reference and the artifact
+    params = xp.array(init if ckpt is None else ckpt.params)  # a copy: init is kept for the reference and the artifact
     if cfg.data.on_device or not on_gpu:
         x_train, y_train = xp.asarray(ds.x_train), xp.asarray(ds.y_train)
     else:  # the course's way: each batch is copied from pinned host memory
-        x_train, y_train = _pinned(ds.x_train), _pinned(ds.y_train)
+        x_train, y_train = pinned(ds.x_train), pinned(ds.y_train)
     x_test, y_test = xp.asarray(ds.x_test), xp.asarray(ds.y_test)
     clock = PhaseClock(STEP_PHASES, gpu=on_gpu, nvtx=options.profile)
     n, dtype = layout.size + 1, params.dtype
@@ -211,24 +223,27 @@ def train_on_rank(
         if cfg.check.reference and on_gpu:  # beside the GPU's training, on CPU cores it leaves idle
             job = start_reference(cfg, layout, schedule, init, ds)
 
+    checkpoints = cfg.save.checkpoint_dir if recorder is not None else None
+
     def on_epoch(e: EpochResult) -> None:
-        if recorder is None:
-            return  # rank 0 records, and stops a diverged run (aborting the world)
-        for i, value in enumerate(e.losses):
-            recorder.metric(metrics.TRAIN_LOSS, value, e.first_iteration + i)
-        recorder.metric(metrics.TRAIN_LOSS_EPOCH, e.mean_loss, e.epoch)
-        recorder.metric(metrics.EPOCH_TIME, e.seconds, e.epoch)
-        if e.epoch == 1 and clock.first_start is not None:
-            recorder.metric(metrics.TIME_TO_FIRST_BATCH, clock.first_start - origin)
-        precision = None
-        if len(ds.y_test):
-            precision = float(model.correct(layout.views(params), x_test, y_test)) / len(ds.y_test)
-            recorder.metric(metrics.TEST_PRECISION, precision, e.epoch)
-        recorder.flush()
-        console.epoch_line(e.epoch, cfg.epochs, e.mean_loss, precision, e.seconds)
-        last.update(loss=e.mean_loss, precision=precision)
-        if cfg.check.divergence == Divergence.stop:
-            check_finite(e)
+        if recorder is not None:  # rank 0 checkpoints, records, and stops a diverged run (aborting the world)
+            precision = None
+            if len(ds.y_test):
+                precision = float(model.correct(layout.views(params), x_test, y_test)) / len(ds.y_test)
+            if checkpoints and e.epoch < cfg.epochs:  # before the metrics: a kill between them loses none
+                steps = e.first_iteration + len(e.losses)
+                acc = np.nan if precision is None else precision
+                state = (backend.to_host(params), e.epoch, steps, recorder.run_id, checkpoint.resume_key(cfg))
+                checkpoint.save(checkpoints, checkpoint.Checkpoint(*state, e.losses, e.batch_sizes, e.seconds, acc))
+            if e.epoch == 1 and clock.first_start is not None:
+                recorder.metric(metrics.TIME_TO_FIRST_BATCH, clock.first_start - origin)
+            record_epoch(recorder, e, precision)
+            console.epoch_line(e.epoch, cfg.epochs, e.mean_loss, precision, e.seconds)
+            last.update(loss=e.mean_loss, precision=precision)
+            if cfg.check.divergence == Divergence.stop:
+                check_finite(e)
+        if e.epoch < cfg.epochs and requeue.warned(world.comm):  # every rank, together
+            raise TimeLimitReached(e.epoch, cfg.epochs)
 
     last: dict[str, float | None] = {}
     fault = cfg.fault.iteration if cfg.fault.rank == world.rank else None
@@ -236,6 +251,7 @@ def train_on_rank(
     fit(
         *(xp, layout, params, x_train, y_train, schedule, rank, size, allreduce, clock, on_epoch, fault, options),
         fault_kind=cfg.fault.kind.value,
+        start_epoch=1 if ckpt is None else ckpt.epoch + 1,
     )
     # perf.repeats: the first epoch timed again on scratch weights, on every rank (the sums are collective).
     repeat_ms = [clock.medians()["batch"]]  # r = 0: the training run's own median
@@ -274,14 +290,7 @@ def train_on_rank(
         if job is not None:
             rows["max weight error vs CPU"] = check_against_reference(recorder, job, layout, final)
         recorder.finish("FINISHED")
+        checkpoint.remove(cfg.save.checkpoint_dir)  # nothing left to resume
         console.summary(recorder.run_id, recorder.uri, rows)
 
     return Pending(job, on_gpu, end, recorder)
-
-
-def _pinned(a: np.ndarray) -> Any:
-    import cupyx
-
-    out = cupyx.empty_pinned(a.shape, dtype=a.dtype)
-    out[...] = a
-    return out

@@ -8,6 +8,7 @@ MLFLOW_EXPERIMENT_NAME, else ``sqlite:///mlflow.db`` and "sweepscale", with arti
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 import threading
 import time
@@ -15,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from trainer import metrics
+from trainer import journal, metrics
 
 DEFAULT_URI = "sqlite:///mlflow.db"
 DEFAULT_EXPERIMENT = "sweepscale"
@@ -24,58 +25,6 @@ BATCH = 1000  # MLflow's limit of metrics per log_batch call
 
 def tracking_uri(configured: str | None) -> str:
     return configured or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_URI
-
-
-# Stores MLflow opens from a URI (a database URI may name its driver: postgresql+psycopg2).
-SCHEMES = ("sqlite", "postgresql", "mysql", "mssql", "http", "https", "file", "databricks")
-CONNECT_S = 3.0  # a server that does not accept a connection in this long is taken as down
-
-
-def check_uri(uri: str) -> None:
-    """The usual tracking-URI mistakes, found in a moment before any rank or job starts (MLflow
-    itself finds them only when a run is created, after minutes of retries for a server):
-    ConfigError naming ``mlflow.tracking_uri`` and the fix."""
-    from urllib.parse import urlparse
-
-    from trainer.errors import ConfigError
-
-    where = f"mlflow.tracking_uri={uri}"
-    parsed = urlparse(uri)
-    scheme = parsed.scheme.split("+")[0]
-    if "://" not in uri or scheme not in SCHEMES:
-        raise ConfigError(
-            f"{where}: not a tracking URI MLflow opens ({', '.join(SCHEMES)}); "
-            "use sqlite:///path/to/mlflow.db or http://HOST:PORT of an `mlflow server`"
-        )
-    if scheme == "sqlite":
-        _check_sqlite(where, Path(uri[len("sqlite:///") :]).expanduser())
-    elif scheme in ("http", "https"):
-        import socket
-
-        port = parsed.port or (443 if scheme == "https" else 80)
-        try:
-            socket.create_connection((parsed.hostname or "", port), timeout=CONNECT_S).close()
-        except OSError as e:
-            raise ConfigError(
-                f"{where}: no tracking server answers at {parsed.hostname}:{port} ({e}); start it "
-                "(`mlflow server --host 127.0.0.1 --port 5000 ...`, docs/reference.md) or fix the URI"
-            ) from None
-
-
-def _check_sqlite(where: str, db: Path) -> None:
-    from trainer.errors import ConfigError
-
-    if db.exists():
-        if not os.access(db, os.R_OK | os.W_OK):
-            raise ConfigError(f"{where}: the database {db} is not readable and writable by this user")
-        return
-    folder = db.resolve().parent
-    try:  # the store creates the file: the folder must take a new file (a test beats os.access on /proc)
-        tempfile.TemporaryFile(dir=folder).close()
-    except OSError as e:
-        raise ConfigError(
-            f"{where}: cannot create the database in {folder} ({e.strerror}); point it at a writable folder"
-        ) from None
 
 
 def experiment_name(configured: str | None) -> str:
@@ -130,15 +79,26 @@ class Recorder:
         tags: dict[str, str] | Callable[[], dict[str, str]],
         setup: Callable[[Recorder], None] | None = None,
         background: bool = False,
+        resume: str | None = None,
+        spool: str | None = None,
     ) -> None:
-        """``tags``: the run's, or a function giving them (called where the run is created)."""
+        """``tags``: the run's, or a function giving them (called where the run is created).
+        ``resume``: the id of a run to go on recording into (a checkpoint's) instead of a new one.
+        ``spool``: with a tracking server (http), a folder where the writes wait for it (trainer/journal.py)."""
         self.uri = uri
+        self._spool = spool if uri.startswith(("http://", "https://")) else None
+        self.journal: journal.Journal | None = None
+        self._sender: journal.Sender | None = None
         self.client: Any = None
         self._run_id: str | None = None
         self._metrics: list[tuple[str, float, int, int]] = []  # (key, value, ms since the epoch, step)
         self._tags: dict[str, str] = {}  # queued until the run exists
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
+        self._logged: set[tuple[str, int]] = set()  # a resumed run's (key, step) pairs, never logged twice
+        if resume is not None:
+            self._reopen(resume, tags() if callable(tags) else tags)
+            return
         opening = (experiment, run_name, tags, setup, int(time.time() * 1000))  # started now, created maybe later
         if not background:
             self._open(*opening)
@@ -158,8 +118,31 @@ class Recorder:
         self.client = client(self.uri)
         exp_id = ensure_experiment(self.client, self.uri, experiment)
         self._run_id = self.client.create_run(exp_id, start_time=start_ms, tags=tags, run_name=run_name).info.run_id
+        self._start_journal()
         if setup is not None:
             setup(self)
+
+    def _reopen(self, run_id: str, tags: dict[str, str]) -> None:
+        """The run RUNNING again, with the (key, step) pairs it already holds: a resumed epoch that
+        the store got before the process was stopped is not logged twice."""
+        self.client = client(self.uri)
+        self._run_id = run_id
+        self.client.update_run(run_id, status="RUNNING")
+        for key in self.client.get_run(run_id).data.metrics:
+            self._logged |= {(key, m.step) for m in self.client.get_metric_history(run_id, key)}
+        self._start_journal()
+        self.set_tags(tags)
+
+    def _start_journal(self) -> None:
+        """From here on every write goes through the journal, sent by a thread."""
+        if self._spool is not None:
+            self.journal = journal.Journal(self._spool, self.uri, self._run_id)
+            self._sender = journal.Sender(self.journal, self.client)
+            self._sender.start()
+
+    def _write(self, entry: dict[str, Any]) -> None:
+        self.journal.append(entry)
+        self._sender.wake.set()
 
     def _open_catching(self, *opening: Any) -> None:
         try:
@@ -198,6 +181,8 @@ class Recorder:
         run_id = self._ready()
         from mlflow.entities import Param
 
+        if self.journal is not None:
+            return self._write({"op": "params", "params": {k: str(v) for k, v in params.items()}})
         items = [Param(k, str(v)) for k, v in params.items()]
         for i in range(0, len(items), 100):
             self.client.log_batch(run_id, params=items[i : i + 100])
@@ -212,7 +197,9 @@ class Recorder:
         run_id = self._ready()
         from mlflow.entities import RunTag
 
-        if self._tags:
+        if self._tags and self.journal is not None:
+            self._write({"op": "tags", "tags": self._tags})
+        elif self._tags:
             self.client.log_batch(run_id, tags=[RunTag(k, v) for k, v in self._tags.items()])
         self._tags = {}
 
@@ -225,12 +212,17 @@ class Recorder:
         run_id = self._ready()
         from mlflow.entities import Metric
 
-        queued = [Metric(*m) for m in self._metrics]
+        queued = [Metric(*m) for m in self._metrics if (m[0], m[3]) not in self._logged]
+        if self.journal is not None and queued:  # training goes on; the thread sends them
+            self._write({"op": "metrics", "metrics": [[m.key, m.value, m.timestamp, m.step] for m in queued]})
+            queued = []
         for i in range(0, len(queued), BATCH):
             self.client.log_batch(run_id, metrics=queued[i : i + BATCH])
         self._metrics = []
 
     def log_text(self, text: str, name: str) -> None:
+        if self.journal is not None:
+            return self._write({"op": "text", "text": text, "name": name})
         self.client.log_text(self._ready(), text, name)
 
     def log_npz(self, name: str, arrays: dict[str, Any]) -> None:
@@ -240,11 +232,36 @@ class Recorder:
         with tempfile.TemporaryDirectory() as d:
             path = Path(d) / name
             np.savez(path, **arrays)
-            self.client.log_artifact(run_id, str(path))
+            if self.journal is not None:
+                self.journal.keep_file(path, name)
+                self._sender.wake.set()
+            else:
+                self.client.log_artifact(run_id, str(path))
 
     def finish(self, status: str = "FINISHED") -> None:
         self.flush()
-        self.client.set_terminated(self._ready(), status)
+        self._end(status)
+
+    def fail(self, status: str, error: str, rank: int) -> None:
+        """End the run FAILED or KILLED, keeping the error (its last lines as a tag, all as a text)."""
+        tail = "\n".join(error.strip().splitlines()[-5:])
+        self.set_tags({metrics.TAG_ERROR: f"rank {rank}: {tail}"[-5000:]})
+        self.flush()
+        self.log_text(error, f"error-rank{rank}.txt")
+        self._end(status)
+
+    def _end(self, status: str) -> None:
+        if self.journal is None:
+            self.client.set_terminated(self._ready(), status)
+            return
+        self._write({"op": "end", "status": status})
+        if not self._sender.drain(journal.DRAIN_S):  # the server is down: the journal keeps it all
+            print(
+                f"the tracking server did not take run {self._run_id} in {journal.DRAIN_S:g} s "
+                f"({self._sender.error}); it waits in {self.journal.path}: `python -m sweeper.sync "
+                f"{self.journal.folder}` sends it",
+                file=sys.stderr,
+            )
 
 
 def opens_in_background(uri: str) -> bool:

@@ -36,7 +36,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from trainer import gpu_lease, parallel
+from trainer import gpu_lease, parallel, requeue
 
 TODO, CLAIMED = "todo", "claimed"
 SEALED = "sealed"  # every ticket is written
@@ -46,14 +46,23 @@ POINT_PICKLE = "point.pkl"  # beside point.yaml, the config a cold job runs (swe
 RESULT = "result.json"
 
 
-def claim(queue: Path, name: str) -> Path | None:
-    """The next point's folder, claimed for worker ``name``; None when the queue is empty."""
+def claim(queue: Path, name: str, served: set[Path]) -> Path | None:
+    """The next point's folder, claimed for worker ``name``; None when the queue is empty. A point
+    this worker claimed before it was requeued (not in ``served``, the claims of this process) and
+    that has no result yet comes first: it resumes from its checkpoint."""
+    for mine in sorted((queue / CLAIMED).glob(f"*.{name}")):
+        point_dir = Path(mine.read_text().strip())
+        if point_dir not in served and not (point_dir / RESULT).exists():
+            served.add(point_dir)
+            return point_dir
     for ticket in sorted((queue / TODO).iterdir()):
         try:
             os.rename(ticket, queue / CLAIMED / f"{ticket.name}.{name}")
         except FileNotFoundError:  # another worker of this queue took it first
             continue
-        return Path((queue / CLAIMED / f"{ticket.name}.{name}").read_text().strip())
+        point_dir = Path((queue / CLAIMED / f"{ticket.name}.{name}").read_text().strip())
+        served.add(point_dir)
+        return point_dir
     return None
 
 
@@ -70,13 +79,14 @@ def wait_sealed(queue: Path) -> bool:
     except (OSError, ValueError):
         host, pid = "", "0"
     while not (queue / SEALED).exists():
-        if host == socket.gethostname() and not _alive(int(pid)):
+        if host == socket.gethostname() and not alive(int(pid)):
             return False
         time.sleep(SEAL_POLL_S)
     return True
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` of this host is alive."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -84,6 +94,13 @@ def _alive(pid: int) -> bool:
     except PermissionError:  # another user's process of that number: alive
         pass
     return True
+
+
+def requeued(status: int) -> bool:
+    """The point stopped for its job to run again (trainer/requeue.py): it gets no result now."""
+    from trainer.run import KILLED_STATUS
+
+    return status == requeue.REQUEUE_STATUS or (status == KILLED_STATUS and requeue.by_slurm())
 
 
 def write_result(point_dir: Path, status: int, worker: str, seconds: float) -> None:
@@ -126,9 +143,11 @@ def serve(queue: Path, name: str, world: parallel.World) -> int:
     try:
         return _serve(queue, name, world, worker, waiting)
     finally:  # SIGTERM, Ctrl-C or a bug: the runs still waiting end KILLED, and say so to the sweeper
+        again = waiting and requeued(KILLED_STATUS)  # unless the job runs again: they resume then
         for point_dir, claimed_at, pending in waiting:
             pending.abandon()
-            write_result(point_dir, KILLED_STATUS, worker, time.time() - claimed_at)
+            if not again:
+                write_result(point_dir, KILLED_STATUS, worker, time.time() - claimed_at)
         reference_jobs.shutdown()
 
 
@@ -138,26 +157,38 @@ def _serve(queue: Path, name: str, world: parallel.World, worker: str, waiting: 
     datasets = _Datasets()
     tf32 = os.environ.get("CUPY_TF32") == "1"  # read by CuPy once: one GEMM mode per worker
     lease = gpu_lease.from_env(world.local_rank)
+    served: set[Path] = set()  # the points this process claimed
     if not wait_sealed(queue):
         return 0
     while True:
         if _settle(waiting, worker, block=False) == KILLED_STATUS:
             return KILLED_STATUS
+        if requeue.warned(world.comm) and requeue.requeues_left() > 0:  # the job's restart serves the rest
+            return _settle(waiting, worker, block=True) or requeue.REQUEUE_STATUS
         if lease is not None:
             lease.acquire(world.comm)
         try:
-            status = _next_point(queue, name, world, worker, waiting, datasets, tf32)
+            status = _next_point(queue, name, world, worker, waiting, datasets, tf32, served)
         finally:  # trained (its run may wait for the reference: no GPU needed), or failed
             if lease is not None:
                 lease.release()
         if status is None:
             return _settle(waiting, worker, block=True)  # the last points' references
+        if status == requeue.REQUEUE_STATUS:  # the point resumes from its checkpoint after the requeue
+            return _settle(waiting, worker, block=True) or status
         if status == KILLED_STATUS:
             return status
 
 
 def _next_point(
-    queue: Path, name: str, world: parallel.World, worker: str, waiting: list, datasets: _Datasets, tf32: bool
+    queue: Path,
+    name: str,
+    world: parallel.World,
+    worker: str,
+    waiting: list,
+    datasets: _Datasets,
+    tf32: bool,
+    served: set[Path],
 ) -> int | None:
     """Claim and train the next point: None when the queue is empty, else the point's status
     (0 also for a run that waits for its reference)."""
@@ -168,7 +199,7 @@ def _next_point(
     from trainer.errors import ConfigError
     from trainer.run import Pending, train_and_defer
 
-    point_dir = claim(queue, name) if world.rank == 0 else None
+    point_dir = claim(queue, name, served) if world.rank == 0 else None
     claimed_at = time.time()
     point_dir = world.comm.bcast(point_dir)
     if point_dir is None:
@@ -194,7 +225,7 @@ def _next_point(
                 return _settle(waiting, worker, block=True)
             return 0
         status = outcome
-    if world.rank == 0:
+    if world.rank == 0 and not requeued(status):  # a requeued point has no result yet: it resumes
         if error:
             (point_dir / "worker_error.txt").write_text(error)
         write_result(point_dir, status, worker, time.time() - claimed_at)
@@ -227,6 +258,7 @@ def main(argv: list[str] | None = None) -> int:
         mpiexec = parallel.find_mpiexec(args.mpiexec)
         return parallel.run_under_mpiexec(mpiexec, args.nproc, sys.argv[1:], module="trainer.worker")
     signal.signal(signal.SIGTERM, _terminate)
+    requeue.arm()  # a warning between points: the worker ends and its requeued job serves the rest
     world = parallel.join_world(args.nproc)
     _warm_up(world)
     from trainer.run import KILLED_STATUS, Terminated

@@ -36,6 +36,7 @@ class Runner(Protocol):
     """Built as ``Runner(launcher, folder, job_name)`` from the launcher config's ``_target_``."""
 
     scheduler: ClassVar[str]  # recorded on the parent run (tag sweepscale.scheduler)
+    checkpoints: ClassVar[bool]  # a job may stop and run again (a requeue): its trainer checkpoints every epoch
 
     def shape(self, point: Point) -> Shape:
         """The point's resources; raises ConfigError when this launcher cannot give them."""
@@ -56,6 +57,11 @@ class Runner(Protocol):
 
     def start(self, queued: list[Point]) -> list[tuple[Point, Job]]:
         """Start what can start now, removing it from ``queued``; the rest waits for a release."""
+        ...
+
+    def pending(self) -> dict[str, int]:
+        """Jobs the scheduler holds before they start, counted by its reason (Slurm's
+        ``Resources``, ``Priority``, ...); empty where nothing waits in a queue."""
         ...
 
     def release(self, job: Job) -> None:

@@ -35,6 +35,7 @@ class FinishedInProcess:
 
 class DebugRunner:
     scheduler: ClassVar[str] = "debug"
+    checkpoints: ClassVar[bool] = False
 
     def __init__(self, launcher: DictConfig, folder: Path, job_name: str) -> None:
         pass  # nothing to set up: no executor, no folder (timeout_min does not apply in process)
@@ -60,6 +61,9 @@ class DebugRunner:
         status = train(point.trainer, [])
         error = None if status == 0 else PointFailedError(f"trainer returned status {status}")
         return [(point, FinishedInProcess(error))]
+
+    def pending(self) -> dict[str, int]:
+        return {}  # nothing waits in a scheduler's queue here
 
     def release(self, job: FinishedInProcess) -> None:
         pass

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 
 class LocalRunner:
     scheduler: ClassVar[str] = "local"
+    checkpoints: ClassVar[bool] = False  # nothing restarts a local job: no epoch pays for a checkpoint
 
     def __init__(self, launcher: DictConfig, folder: Path, job_name: str) -> None:
         self.launcher, self.folder = launcher, folder
@@ -151,6 +152,9 @@ class LocalRunner:
         ids, cpus = self.held.pop(job.job_id, ([], 0))
         self.free_gpus = sorted(self.free_gpus + ids)
         self.free_cpus += cpus
+
+    def pending(self) -> dict[str, int]:
+        return {}  # nothing waits in a scheduler's queue here
 
     def release(self, job: Job) -> None:
         if self.pool is None:  # a warm worker's resources come back when the worker ends

@@ -12,13 +12,18 @@ from __future__ import annotations
 
 import math
 import shlex
+import shutil
 import subprocess
+import time
+from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from sweeper.point_job import run_point, run_worker
 from sweeper.points import Point, Shape
+from sweeper.runners import partition
 from sweeper.runners.warm import Queue, WarmPool
+from trainer import requeue
 from trainer.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -30,25 +35,50 @@ if TYPE_CHECKING:
 SUBMIT_COMMAND = "python -u -m submitit.core._submit"
 # submitit's own #SBATCH settings: USR2 90 s before the time limit, logs appended, its wckey.
 SUBMITIT_FIXED = {"signal": "USR2@90", "open-mode": "append", "wckey": "submitit"}
+PENDING_POLL_S = 5.0  # squeue, for the progress line's pending jobs: gently on a busy controller
+RESULT_WAIT_S = 3  # submitit's default, 15 s, delays the news of every killed job (a shared FS's lag is less)
 # Parameters that are not #SBATCH options.
 NOT_SBATCH = ("array_parallelism", "srun_args", "setup", "additional_parameters")
 
 
 class SlurmRunner:
     scheduler: ClassVar[str] = "slurm"
+    checkpoints: ClassVar[bool] = True  # requeues, preemption, time limits (trainer/requeue.py)
 
     def __init__(self, launcher: DictConfig, folder: Path, job_name: str) -> None:
         self.launcher, self.folder, self.job_name = launcher, folder, job_name
         self.pool = WarmPool(folder, launcher.max_restarts) if launcher.warm else None
+        self._partition: partition.Partition | None = None
+        self.submitted: list[str] = []  # the ids of jobs not seen ended yet, for squeue
+        self.jobs: dict[str, Job] = {}
+        self._pending: tuple[float, dict[str, int]] = (0.0, {})  # when squeue was last asked, and its answer
+
+    def partition_limits(self) -> partition.Partition:
+        """The partition's limits, asked of Slurm once."""
+        if self._partition is None:
+            self._partition = partition.read(self.launcher.partition)
+        return self._partition
+
+    def per_node(self) -> tuple[int, int, int]:
+        """Ranks and GPUs per node, and the most nodes a point spans: as configured, else the partition's
+        (with GPUs, one rank per GPU; on CPUs, one per cpus_per_task of the node's CPUs)."""
+        launcher = self.launcher
+        gpus = launcher.gpus_per_node
+        if gpus is None:
+            gpus = self.partition_limits().gpus_per_node
+        ranks = gpus or launcher.ranks_per_node
+        if ranks is None:
+            ranks = max(1, self.partition_limits().cpus_per_node // launcher.cpus_per_task)
+        nodes = launcher.max_nodes if launcher.max_nodes is not None else self.partition_limits().nodes
+        return ranks, gpus, nodes
 
     def shape(self, point: Point) -> Shape:
         """nproc ranks over ceil(nproc / ranks per node) nodes, evenly; one GPU each on GPUs."""
-        launcher = self.launcher
-        per_node = launcher.gpus_per_node or launcher.ranks_per_node
-        capacity = per_node * launcher.max_nodes
+        per_node, gpus, max_nodes = self.per_node()
+        capacity = per_node * max_nodes
         if point.nproc > capacity:
             raise ConfigError(
-                f"point {point.name}: nproc={point.nproc} exceeds {launcher.max_nodes} node(s) x {per_node} ranks "
+                f"point {point.name}: nproc={point.nproc} exceeds {max_nodes} node(s) x {per_node} ranks "
                 f"= {capacity}; raise launcher.max_nodes or launcher.ranks_per_node/gpus_per_node, or lower nproc"
             )
         nodes = math.ceil(point.nproc / per_node)
@@ -57,23 +87,29 @@ class SlurmRunner:
                 f"point {point.name}: nproc={point.nproc} cannot be spread evenly over {nodes} nodes of {per_node} "
                 "ranks; use a multiple of the node count"
             )
-        return Shape(nodes, point.nproc // nodes, int(launcher.gpus_per_node > 0))
+        return Shape(nodes, point.nproc // nodes, int(gpus > 0))
 
     def check(self, points: list[Point]) -> None:
-        """Ask the scheduler whether the partition exists; surface its own message if not."""
-        partition = self.launcher.partition
-        if partition is None:
-            return
-        cmd = ["sbatch", "--test-only", f"--partition={partition}", "--wrap=true"]
-        try:
-            result = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
-        except FileNotFoundError as e:
-            raise ConfigError(
-                "launcher=slurm but sbatch is not installed here; run the sweep on a Slurm login node"
-            ) from e
-        if result.returncode != 0:
-            msg = result.stderr.strip() or result.stdout.strip()
-            raise ConfigError(f"launcher.partition={partition}: Slurm says: {msg}")
+        """Ask the scheduler whether the partition exists (its own message if not), then hold the
+        points to its limits: a job it can never start would pend forever."""
+        name = self.launcher.partition
+        if name is not None:
+            cmd = ["sbatch", "--test-only", f"--partition={name}", "--wrap=true"]
+            try:
+                result = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+            except FileNotFoundError as e:
+                raise ConfigError(
+                    "launcher=slurm but sbatch is not installed here; run the sweep on a Slurm login node"
+                ) from e
+            if result.returncode != 0:
+                msg = result.stderr.strip() or result.stdout.strip()
+                raise ConfigError(f"launcher.partition={name}: Slurm says: {msg}")
+        if shutil.which("scontrol") is None:
+            return  # a preview away from the cluster, every per-node value configured: nothing to ask
+        longest = max(Counter(p.shape for p in points).values()) if self.pool is not None else 1
+        check_limits(
+            self.launcher, self.partition_limits(), self.per_node(), min(longest, self.launcher.points_per_job)
+        )
 
     def preview(self, groups: dict[Shape, list[Point]]) -> dict[str, str]:
         out = {}
@@ -100,7 +136,7 @@ class SlurmRunner:
         for p in queued:
             by_shape.setdefault(p.shape, []).append(p)
         for shape, todo in by_shape.items():
-            jobs = self._submit(shape, 1, [(run_point, str(p.dir), {}) for p in todo])
+            jobs = self._submit(shape, 1, [(run_point, str(p.dir), self.env()) for p in todo])
             for p, job in zip(todo, jobs):
                 queued.remove(p)
                 started.append((p, job))
@@ -118,10 +154,16 @@ class SlurmRunner:
             by_shape.setdefault(q.points[0].shape, []).append(q)
         for shape, qs in by_shape.items():
             names = [pool.new_name() for _ in qs]
-            calls = [(run_worker, str(q.dir), n, q.nproc, q.mpiexec, q.env) for q, n in zip(qs, names)]
+            calls = [
+                (run_worker, str(q.dir), n, q.nproc, q.mpiexec, {**q.env, **self.env()}) for q, n in zip(qs, names)
+            ]
             for q, name, job in zip(qs, names, self._submit(shape, max(len(q.points) for q in qs), calls)):
                 q.workers[name] = job
         return pool.tickets(queued)
+
+    def env(self) -> dict[str, str]:
+        """What every job's trainer is told beyond its config: how often it may requeue itself."""
+        return {requeue.MAX_REQUEUES: str(self.launcher.max_requeues)}
 
     def _submit(self, shape: Shape, n_points: int, calls: list[tuple]) -> list[Job]:
         """One job array of ``calls`` (function, arguments), each allocation timed for ``n_points``."""
@@ -131,7 +173,33 @@ class SlurmRunner:
         executor.update_parameters(**self.parameters(shape, n_points))
         with executor.batch():
             jobs = [executor.submit(fn, *args) for fn, *args in calls]
+        for job in jobs:  # submitit waits this long, per task and call, for the result a killed job never writes
+            for task in [job, *job._sub_jobs]:
+                task._results_timeout_s = RESULT_WAIT_S
+        self.submitted += [job.job_id for job in jobs]
+        self.jobs.update({job.job_id: job for job in jobs})
         return jobs
+
+    def pending(self) -> dict[str, int]:
+        """The sweep's pending jobs by Slurm's reason, from squeue at most every PENDING_POLL_S. A job
+        squeue no longer lists has ended: submitit is asked to look now (it polls sacct lazily, up to
+        minutes apart, and a job killed before it wrote its result would be seen that late)."""
+        asked_at, counts = self._pending
+        if not self.submitted or time.monotonic() - asked_at < PENDING_POLL_S:
+            return counts
+        cmd = ["squeue", "-h", "-r", "-o", "%i|%T|%r", "-j", ",".join(self.submitted)]
+        try:
+            out = subprocess.run(cmd, capture_output=True, text=True, timeout=30).stdout
+        except (OSError, subprocess.TimeoutExpired):
+            return counts
+        rows = [line.strip().split("|") for line in out.splitlines() if line.count("|") == 2]
+        counts = dict(Counter(reason for _, state, reason in rows if state == "PENDING" and reason != "None"))
+        listed = {job_id for job_id, _, _ in rows}
+        for job_id in [j for j in self.submitted if j not in listed]:  # until sacct, which lags, says so too
+            if self.jobs[job_id].done(force_check=True):
+                self.submitted.remove(job_id)
+        self._pending = (time.monotonic(), counts)
+        return counts
 
     def release(self, job: Job) -> None:
         pass  # Slurm holds the resources
@@ -145,6 +213,33 @@ class SlurmRunner:
             self.pool.stopping = True
             for job in self.pool.live_jobs():
                 job.cancel(check=False)
+
+
+def check_limits(launcher: DictConfig, part: partition.Partition, per_node: tuple[int, int, int], per_job: int) -> None:
+    """ConfigError naming the key and the partition's limit that a job of this sweep would exceed."""
+    ranks, gpus, nodes = per_node
+    where = f"partition {part.name}"
+    minutes = launcher.timeout_min * per_job
+    problems = [
+        (
+            ranks * launcher.cpus_per_task > part.cpus_per_node,
+            f"launcher.ranks_per_node={ranks} x cpus_per_task={launcher.cpus_per_task} CPUs, but {where}'s nodes "
+            f"have {part.cpus_per_node}; lower them (null takes the partition's)",
+        ),
+        (
+            gpus > part.gpus_per_node,
+            f"launcher.gpus_per_node={gpus}, but {where}'s nodes have {part.gpus_per_node}; null takes the partition's",
+        ),
+        (nodes > part.nodes, f"launcher.max_nodes={nodes}, but {where} lets a job span {part.nodes} node(s)"),
+        (
+            minutes > part.max_time_min,
+            f"launcher.timeout_min={launcher.timeout_min} x {per_job} point(s) per job = {minutes} min, but "
+            f"{where}'s MaxTime is {part.max_time_min:g} min; lower launcher.timeout_min or launcher.points_per_job",
+        ),
+    ]
+    for bad, message in problems:
+        if bad:
+            raise ConfigError(message)
 
 
 def slurm_parameters(launcher: DictConfig, shape: Shape, job_name: str, n_points: int = 1) -> dict[str, Any]:

@@ -121,11 +121,17 @@ class Ticket:
 
 
 def ended_how(job: Job) -> str:
-    """Why a worker's job ended; says CANCELLED when the scheduler or the sweep cancelled it."""
-    state = str(getattr(job, "state", ""))
-    error = job.exception()
-    text = f"{state}: {error}" if state and state not in str(error) else str(error)
-    return text or "it exited"
+    """Why a worker's job ended; says CANCELLED when the scheduler or the sweep cancelled it. Asked
+    once per job: submitit waits seconds for the result file of a job killed before it wrote one."""
+    if job.job_id not in _ENDED_HOW:
+        state = str(getattr(job, "state", ""))
+        error = job.exception()
+        text = f"{state}: {error}" if state and state not in str(error) else str(error)
+        _ENDED_HOW[job.job_id] = text or "it exited"
+    return _ENDED_HOW[job.job_id]
+
+
+_ENDED_HOW: dict[str, str] = {}
 
 
 def _tail(path: Path) -> str:

@@ -1,0 +1,77 @@
+"""What a Slurm partition offers, asked of Slurm itself (``scontrol show partition``, ``sinfo``):
+the limits the pre-flight check holds every point to, so that a point the partition can never
+run is refused instead of pending forever, and the ranks and GPUs per node a launcher config
+that leaves them null gets."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+from dataclasses import dataclass
+
+from trainer.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Partition:
+    name: str
+    max_time_min: float  # a job's longest time limit; math.inf when unlimited
+    nodes: int  # the most nodes one job may span (its nodes, at most MaxNodes)
+    cpus_per_node: int  # on its smallest node
+    gpus_per_node: int  # on its smallest node (gres gpu:N)
+
+
+def read(name: str | None) -> Partition:
+    """Partition ``name`` (None: the cluster's default); ConfigError when Slurm cannot tell."""
+    out = _ask(["scontrol", "-o", "show", "partition", *([name] if name else [])])
+    rows = [dict(f.split("=", 1) for f in line.split() if "=" in f) for line in out.splitlines() if line.strip()]
+    row = next(
+        (r for r in rows if r.get("PartitionName") == name or (name is None and r.get("Default") == "YES")), None
+    )
+    if row is None:
+        raise ConfigError(f"launcher.partition={name}: Slurm has no such partition (scontrol show partition)")
+    nodes = int(row["TotalNodes"])
+    if row.get("MaxNodes", "UNLIMITED") != "UNLIMITED":
+        nodes = min(nodes, int(row["MaxNodes"]))
+    cpus, gpus = [], []
+    for line in _ask(["sinfo", "-h", "-p", row["PartitionName"], "-o", "%c|%G"]).splitlines():
+        if "|" in line:
+            c, gres = line.split("|", 1)
+            cpus.append(int(c.rstrip("+")))
+            gpus.append(gpu_count(gres))
+    return Partition(row["PartitionName"], minutes(row["MaxTime"]), nodes, min(cpus, default=0), min(gpus, default=0))
+
+
+def minutes(text: str) -> float:
+    """A Slurm time ("UNLIMITED", "30", "1:00:00", "2-12:00:00") in minutes."""
+    if text.upper() in ("UNLIMITED", "INFINITE"):
+        return math.inf
+    days, _, clock = text.rpartition("-")
+    parts = [int(p) for p in clock.split(":")]
+    if days:  # days-hours[:minutes[:seconds]]
+        h, m, s = [*parts, 0, 0][:3]
+    else:  # minutes, minutes:seconds, or hours:minutes:seconds
+        h, m, s = {1: (0, parts[0], 0), 2: (0, *parts), 3: tuple(parts)}[len(parts)]
+    return int(days or 0) * 1440 + h * 60 + m + s / 60
+
+
+def gpu_count(gres: str) -> int:
+    """GPUs in a node's gres ("gpu:4", "gpu:a100:4(S:0-1)", "(null)")."""
+    total = 0
+    for item in gres.split(","):
+        if item.startswith("gpu:"):
+            count = item.split("(")[0].rsplit(":", 1)[-1]
+            total += int(count) if count.isdigit() else 0
+    return total
+
+
+def _ask(cmd: list[str]) -> str:
+    try:
+        result = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise ConfigError(
+            f"launcher=slurm: `{' '.join(cmd)}` failed ({e}); run the sweep where Slurm answers"
+        ) from None
+    if result.returncode != 0:
+        raise ConfigError(f"launcher=slurm: `{' '.join(cmd)}` says: {(result.stderr or result.stdout).strip()}")
+    return result.stdout

@@ -1,0 +1,116 @@
+"""A point's job requeued on the real Slurm: by an administrator (or preemption), then by itself at
+its time limit, until launcher.max_requeues is spent. The sweep keeps watching the same job, and
+the point's one MLflow run goes on from its checkpoints with nothing lost or logged twice."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.test_sweeper import SLURM, runs, slurm
+from trainer import checkpoint, metrics
+
+pytestmark = pytest.mark.mpi
+
+
+def wait_for(what: str, condition, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.3)
+
+
+def job_state(job: str) -> str:
+    return subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True).stdout.strip()
+
+
+def start_now(job: str) -> None:
+    """Slurm holds a requeued job for about two minutes (its BeginTime); the test lets it start at once."""
+    wait_for(f"job {job} pending again", lambda: job_state(job) == "PENDING")
+    subprocess.run(["scontrol", "update", f"jobid={job}", "StartTime=now"], check=True)
+
+
+def child(uri: str):
+    kids = [r for r in runs(uri) if "mlflow.parentRunId" in r.data.tags]
+    return kids[0] if len(kids) == 1 else None
+
+
+@slurm
+def test_requeued_and_time_limited_jobs_resume_into_the_same_run(tmp_path, mlflow_uri):
+    runs(mlflow_uri)  # create the store first: polling must not race the sweeper's schema set-up
+    never_ends = ["hidden=16", "nproc=2", "epochs=100000", "batch_size=50", "data.n_train=200", "data.n_test=50"]
+    cmd = [sys.executable, "-m", "sweeper", "-m", *never_ends, *SLURM, "launcher.max_requeues=2"]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    job = ""
+    try:
+        wait_for("a checkpoint", lambda: any(tmp_path.glob(f"multirun/*/*/0/{checkpoint.FILE}")))
+        (link,) = tmp_path.glob("multirun/*/*/0/stderr.log")
+        job = Path(os.readlink(link)).parent.name  # the array task serving the point: 12_0
+        run_id = child(mlflow_uri).info.run_id
+
+        def resumed(restarts: str) -> bool:
+            run = child(mlflow_uri)
+            return run.info.status == "RUNNING" and run.data.tags.get(metrics.TAG_RESTARTS) == restarts
+
+        # 1. An administrator's requeue (preemption alike): SIGTERM now, the same job again later.
+        subprocess.run(["scontrol", "requeue", job], check=True)
+        start_now(job)
+        wait_for("the run resumed after the requeue", lambda: resumed("1"))
+        # 2. The time-limit warning with a requeue left: the job checkpoints and requeues itself.
+        subprocess.run(["scancel", "--signal=USR2", job], check=True)
+        start_now(job)
+        wait_for("the run resumed after its own requeue", lambda: resumed("2"))
+        # 3. The warning again, no requeue left: the run ends FAILED, saying how far it got.
+        subprocess.run(["scancel", "--signal=USR2", job], check=True)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        proc.kill()  # a sweep that hangs must not outlive the test (nor its job)
+        if job:
+            subprocess.run(["scancel", job], capture_output=True, check=False)
+    assert proc.returncode == 1, out
+    run = child(mlflow_uri)
+    assert run.info.run_id == run_id and run.info.status == "FAILED"  # one run throughout
+    error = run.data.tags[metrics.TAG_ERROR]
+    assert "; raise launcher.timeout_min or resume" in error and "time limit after epoch" in error, error
+    epochs = int(error.split("time limit after epoch ")[1].split()[0])
+    client_steps = sorted(m.step for m in _history(mlflow_uri, run_id, metrics.TRAIN_LOSS))
+    assert client_steps == list(range(epochs * 4))  # 200 samples in batches of 50: nothing lost, nothing twice
+    epoch_steps = sorted(m.step for m in _history(mlflow_uri, run_id, metrics.TRAIN_LOSS_EPOCH))
+    assert epoch_steps == list(range(1, epochs + 1))
+    assert {r.info.status for r in runs(mlflow_uri)} == {"FAILED"}  # the parent too; nothing RUNNING
+
+
+def _history(uri: str, run_id: str, key: str):
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(uri).get_metric_history(run_id, key)
+
+
+@slurm
+def test_the_segment_a_killed_step_leaves_is_the_one_the_wrapper_removes(tmp_path, monkeypatch):
+    """Ranks that end without MPI_Finalize (aborted, killed) leave MPICH's segment in /dev/shm under
+    a name made from the job and step ids, which a requeued job reuses (sweeper/mpich_shm.py)."""
+    from sweeper import mpich_shm
+
+    script = tmp_path / "leave.py"
+    script.write_text(
+        "import os\nfrom mpi4py import MPI\nMPI.COMM_WORLD.Barrier()\n"
+        "if MPI.COMM_WORLD.rank == 0: print(os.environ['SLURM_JOB_ID'], os.environ['SLURM_STEP_ID'], flush=True)\n"
+        "MPI.COMM_WORLD.Barrier()\nos._exit(0)\n"
+    )
+    srun = ["srun", "-n2", "--mpi=pmi2", sys.executable, str(script)]
+    job, step = subprocess.run(srun, capture_output=True, text=True, timeout=60, check=True).stdout.split()
+    leaked = mpich_shm.SHM / f"mpich_shm_{mpich_shm.world_id(job, step)}_0"
+    assert leaked.exists()
+    monkeypatch.setenv("SLURM_JOB_ID", job)
+    monkeypatch.setenv("SLURM_STEP_ID", step)
+    mpich_shm.remove(older_than=leaked.stat().st_mtime)  # as new as this run of the job: a sibling's, kept
+    assert leaked.exists()
+    mpich_shm.remove()
+    assert not leaked.exists()

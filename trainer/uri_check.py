@@ -1,0 +1,55 @@
+"""The usual tracking-URI mistakes, found in a moment before any rank or job starts: MLflow
+itself finds them only when a run is created, after minutes of retries for a server."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+from trainer.errors import ConfigError
+
+# Stores MLflow opens from a URI (a database URI may name its driver: postgresql+psycopg2).
+SCHEMES = ("sqlite", "postgresql", "mysql", "mssql", "http", "https", "file", "databricks")
+CONNECT_S = 3.0  # a server that does not accept a connection in this long is taken as down
+
+
+def check_uri(uri: str) -> None:
+    """ConfigError naming ``mlflow.tracking_uri`` and the fix, for a URI MLflow cannot open."""
+    from urllib.parse import urlparse
+
+    where = f"mlflow.tracking_uri={uri}"
+    parsed = urlparse(uri)
+    scheme = parsed.scheme.split("+")[0]
+    if "://" not in uri or scheme not in SCHEMES:
+        raise ConfigError(
+            f"{where}: not a tracking URI MLflow opens ({', '.join(SCHEMES)}); "
+            "use sqlite:///path/to/mlflow.db or http://HOST:PORT of an `mlflow server`"
+        )
+    if scheme == "sqlite":
+        _check_sqlite(where, Path(uri[len("sqlite:///") :]).expanduser())
+    elif scheme in ("http", "https"):
+        import socket
+
+        port = parsed.port or (443 if scheme == "https" else 80)
+        try:
+            socket.create_connection((parsed.hostname or "", port), timeout=CONNECT_S).close()
+        except OSError as e:
+            raise ConfigError(
+                f"{where}: no tracking server answers at {parsed.hostname}:{port} ({e}); start it "
+                "(`mlflow server --host 127.0.0.1 --port 5000 ...`, docs/reference.md) or fix the URI"
+            ) from None
+
+
+def _check_sqlite(where: str, db: Path) -> None:
+    if db.exists():
+        if not os.access(db, os.R_OK | os.W_OK):
+            raise ConfigError(f"{where}: the database {db} is not readable and writable by this user")
+        return
+    folder = db.resolve().parent
+    try:  # the store creates the file: the folder must take a new file (a test beats os.access on /proc)
+        tempfile.TemporaryFile(dir=folder).close()
+    except OSError as e:
+        raise ConfigError(
+            f"{where}: cannot create the database in {folder} ({e.strerror}); point it at a writable folder"
+        ) from None
