@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from sweeper import display
-from sweeper.point_files import last_lines
+from sweeper.point_files import last_lines, link_rank_logs
 from sweeper.points import Point
 from sweeper.records import SweepRecord
 from sweeper.watch import Flight
@@ -24,6 +24,7 @@ def collect(
             continue
         run = children.get(p.name)
         log = flight.logs.get(p.index, "")
+        link_rank_logs(p, log)
         if p in flight.queued:
             outcomes.append(display.Outcome(p.name, "CANCELLED", run, "never started", log))
         elif p.index in flight.running:

@@ -64,12 +64,15 @@ class Outcome:
     run: Any = None  # the MLflow run, when there is one
     error: str = ""
     log: str = ""
+    job: str = ""  # the scheduler's job and its last word on it: "1234_0 COMPLETED 00:00:12"
 
 
 def summary(outcomes: list[Outcome]) -> None:
     table = Table(title="sweep summary")
-    for col in ("point", "status", "final loss", "precision", "max weight err", "epoch s", "run id"):
-        table.add_column(col, overflow="fold")
+    jobs = any(o.job for o in outcomes)
+    for col in ("point", "status", "final loss", "precision", "max weight err", "epoch s", "run id", "job"):
+        if col != "job" or jobs:
+            table.add_column(col, overflow="fold")
     for o in outcomes:
         m = o.run.data.metrics if o.run is not None else {}
 
@@ -85,6 +88,7 @@ def summary(outcomes: list[Outcome]) -> None:
             fmt(metrics.weight_error("max"), ".2e"),
             fmt(metrics.EPOCH_TIME, ".3f"),
             o.run.info.run_id if o.run is not None else "-",
+            *([o.job or "-"] if jobs else []),
         )
     console.print(table)
     for o in outcomes:

@@ -65,6 +65,20 @@ def link_logs(point: Point, job: Job) -> str:
     return str(point.dir / "stderr.log")
 
 
+def link_rank_logs(point: Point, log: str) -> None:
+    """Every rank's log beside the point's (``stderr.rank1.log`` ...), where the job wrote one per
+    task (srun: submitit's ``<job>_<task>_log.err``); locally mpiexec merges the ranks' in one."""
+    if not log or not Path(log).is_symlink():
+        return
+    first = Path(log).resolve()
+    for rank in range(1, point.nproc):
+        for out, name in (("err", "stderr"), ("out", "stdout")):
+            target = first.with_name(first.name.replace("_0_log.err", f"_{rank}_log.{out}"))
+            link = point.dir / f"{name}.rank{rank}.log"
+            if target != first and target.exists() and not link.is_symlink():
+                link.symlink_to(target)
+
+
 def last_lines(path: str, n: int = 5) -> str:
     """The last lines the trainer wrote to the job's stderr (before submitit's own report)."""
     try:

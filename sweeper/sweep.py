@@ -73,11 +73,23 @@ def run_sweep(base: DictConfig, points: list[Point], sweep_dir: Path, overrides:
         record.kill_running(sweep_id)  # runs whose trainer could not say so
 
     outcomes = collect(record, sweep_id, points, done_before, flight)
+    add_jobs(runner, outcomes)
     display.summary(outcomes)
     ok = all(o.status in ("FINISHED", "SKIPPED") for o in outcomes)
     record.end_parent("KILLED" if flight.interrupted else "FINISHED" if ok else "FAILED")
     write_report(record, sweep_dir)
     return 130 if flight.interrupted else 0 if ok else 1
+
+
+def add_jobs(runner: Runner, outcomes: list[display.Outcome]) -> None:
+    """Each run's scheduler job (the tag its trainer set) and what the scheduler says of it."""
+    ids = {o.name: o.run.data.tags.get(metrics.TAG_SLURM_JOB) for o in outcomes if o.run is not None}
+    accounts = runner.accounting([i for i in ids.values() if i])
+    for o in outcomes:
+        if ids.get(o.name):
+            o.job = (
+                f"{o.run.data.tags.get(metrics.TAG_SLURM_ARRAY, ids[o.name])} {accounts.get(ids[o.name], '')}".strip()
+            )
 
 
 def distinct(points: list[Point], groups: dict) -> tuple[list[Point], dict]:

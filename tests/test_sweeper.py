@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -231,7 +232,17 @@ def test_slurm_sweep_world_sizes_failures_and_resume(tmp_path, mlflow_uri):
     assert len(kids) == 4 and {r.info.status for r in kids.values()} == {"FINISHED"}
     for name, r in kids.items():
         assert r.data.tags["sweepscale.world_size"] == name[-1]  # srun's PMI made the world
+        # Which job is which point: the run names its job, the summary what sacct says of it.
+        shown = r.data.tags.get(metrics.TAG_SLURM_ARRAY, r.data.tags[metrics.TAG_SLURM_JOB])  # array task, or job
+        lines = result.stdout.splitlines()
+        row = next(line for line in lines if line.startswith(f"│ {name} "))
+        assert re.search(rf"{shown} (COMPLETED|COMPLETING|RUNNING) 00:00:\d\d", row), (
+            row
+        )  # a warm job may outlive its last point
     assert parent.data.tags["sweepscale.scheduler"] == "slurm"
+    for rank_log in tmp_path.glob("multirun/*/*/*/stderr.rank1.log"):  # the nproc=2 points': every rank's log
+        assert rank_log.resolve().name.endswith("_1_log.err")
+    assert len(list(tmp_path.glob("multirun/*/*/*/stderr.rank1.log"))) == 2
 
     result = sweep(args, tmp_path)
     assert result.returncode == 0

@@ -343,3 +343,16 @@ def test_a_rank_killed_in_a_standalone_run_ends_it_failed_with_the_cause(mlflow_
     assert run.info.status == "FAILED"
     assert "a rank died before the run ended: mpiexec exited with status" in run.data.tags[metrics.TAG_ERROR]
     assert "SIGKILL" in run.data.tags[metrics.TAG_ERROR]
+
+
+def test_local_ranks_listen_on_loopback_only():
+    """A local run's ranks (mpiexec on one host) accept connections on 127.0.0.1 alone, not on the
+    machine's other addresses (tests/listening.py reads each rank's listening sockets from /proc)."""
+    from trainer import parallel
+
+    cmd = [parallel.find_mpiexec(None), "-n", "2", sys.executable, str(ROOT / "tests" / "listening.py")]
+    out = subprocess.run(cmd, env=parallel.mpiexec_env(), capture_output=True, text=True, timeout=60)
+    rows = [line.split()[2:] for line in out.stdout.splitlines() if line.startswith("listening")]
+    loopback = {"0100007F", "00000000000000000000000001000000"}  # 127.0.0.1, ::1 as /proc/net/tcp{,6} write them
+    assert len(rows) == 2 and all(rows), out.stdout + out.stderr
+    assert {addr for row in rows for addr in row} <= loopback, rows

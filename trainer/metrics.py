@@ -50,6 +50,8 @@ EXPERIMENT_KIND = "custom_model_development"
 TAG_SCHEDULER = "sweepscale.scheduler"
 TAG_COMMAND = "sweepscale.command"
 TAG_SWEEP_DIR = "sweepscale.sweep_dir"
+TAG_SLURM_JOB = "sweepscale.slurm_job_id"  # the Slurm job that ran the point (a warm worker's: its allocation)
+TAG_SLURM_ARRAY = "sweepscale.slurm_array"  # "ARRAYID_INDEX", the job array task
 TAG_SWEEPER = "sweepscale.sweeper"  # "host pid" of the sweeper process: a later sweep closes one left RUNNING
 # How a run's process started: warm (a worker that serves many points) or cold (its own process).
 TAG_WARM = "sweepscale.warm"  # "true" | "false"

@@ -52,10 +52,24 @@ def find_mpiexec(explicit: str | None) -> str:
     return found
 
 
+# A local run's ranks talk over loopback only: MPICH's UCX and libfabric transports, Open MPI's TCP.
+LOOPBACK = {
+    "UCX_NET_DEVICES": "lo",
+    "FI_TCP_IFACE": "lo",
+    "FI_SOCKETS_IFACE": "lo",
+    "OMPI_MCA_btl_tcp_if_include": "lo",
+    "OMPI_MCA_oob_tcp_if_include": "lo",
+}
+
+
 def mpiexec_env() -> dict[str, str]:
+    """The environment of a local mpiexec (one host): its ranks listen on loopback alone. (MPICH's
+    Hydra still binds its own control port to every address: no option of its binds it to one.)"""
     env = dict(os.environ)
     # MPICH's Hydra inside a Slurm allocation would try srun for its proxies; fork is what we mean.
     env.setdefault("HYDRA_LAUNCHER", "fork")
+    for key, value in LOOPBACK.items():
+        env.setdefault(key, value)
     if hasattr(os, "geteuid") and os.geteuid() == 0:  # Open MPI refuses root without these
         env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
         env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")

@@ -7,6 +7,7 @@ page. Outside a git checkout (an installed wheel, a copied tree) the git tags ar
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 from importlib import metadata
@@ -68,4 +69,16 @@ def code_tags() -> dict[str, str]:
         commit, dirty = state
         tags[metrics.TAG_GIT_COMMIT] = commit
         tags[metrics.TAG_GIT_DIRTY] = str(dirty).lower()
+    return tags
+
+
+def job_tags() -> dict[str, str]:
+    """Which scheduler job ran this: Slurm's job id, and the array and its index (so that a point's
+    run leads to its job, and ``sacct -j`` to what Slurm says of it)."""
+    env = os.environ
+    tags = {}
+    if "SLURM_JOB_ID" in env:
+        tags[metrics.TAG_SLURM_JOB] = env["SLURM_JOB_ID"]
+    if "SLURM_ARRAY_JOB_ID" in env:
+        tags[metrics.TAG_SLURM_ARRAY] = f"{env['SLURM_ARRAY_JOB_ID']}_{env.get('SLURM_ARRAY_TASK_ID', '')}"
     return tags

@@ -60,7 +60,7 @@ def start_recording(
     def tags() -> dict[str, str]:
         from trainer import provenance  # git and importlib.metadata: with the run's creation, off the first batch's way
 
-        return {**own, **provenance.code_tags(), **configured}
+        return {**own, **provenance.code_tags(), **provenance.job_tags(), **configured}
 
     params, text = flat_params(cfg), OmegaConf.to_yaml(cfg, resolve=True)
 
@@ -78,10 +78,13 @@ def resume_recording(
     """The checkpoint's run, RUNNING again (a requeued or restarted job goes on where it stopped);
     the checkpoint's own epoch is logged again in case the store never got it (the recorder drops
     what it holds)."""
+    from trainer import provenance
+
     tags = {
         metrics.TAG_RESUMED_FROM_EPOCH: str(ckpt.epoch),
         metrics.TAG_RESTARTS: os.environ.get("SLURM_RESTART_COUNT", "0"),
         "sweepscale.hosts": ",".join(sorted(set(hosts))),
+        **provenance.job_tags(),
     }
     recorder = tracking.Recorder(uri, "", None, tags, resume=ckpt.run_id, spool=spool)
     precision = None if np.isnan(ckpt.precision) else ckpt.precision

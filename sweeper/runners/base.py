@@ -64,6 +64,11 @@ class Runner(Protocol):
         ``Resources``, ``Priority``, ...); empty where nothing waits in a queue."""
         ...
 
+    def accounting(self, job_ids: list[str]) -> dict[str, str]:
+        """The scheduler's last word on these jobs, e.g. Slurm's "TIMEOUT 1:00:02" (sacct's state and
+        elapsed time); empty where there is no scheduler."""
+        ...
+
     def release(self, job: Job) -> None:
         """The job is done: give its resources back."""
         ...

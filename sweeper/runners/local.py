@@ -156,6 +156,9 @@ class LocalRunner:
     def pending(self) -> dict[str, int]:
         return {}  # nothing waits in a scheduler's queue here
 
+    def accounting(self, job_ids: list[str]) -> dict[str, str]:
+        return {}  # no scheduler keeps accounts here
+
     def release(self, job: Job) -> None:
         if self.pool is None:  # a warm worker's resources come back when the worker ends
             self._give_back(job)

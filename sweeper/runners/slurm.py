@@ -5,13 +5,12 @@ worker serving a chunk of ``points_per_job`` points (sweeper/runners/warm.py); i
 covers the chunk. Cold: one array task per point. Each task of a job's srun step runs the job
 body and becomes one MPI rank through srun's PMI.
 The preview renders the sbatch lines from the same parameters the executor is given
-(`slurm_parameters`), in submitit's format; tests/data/sbatch_preview.txt is its golden file.
+(sweeper/runners/sbatch.py).
 """
 
 from __future__ import annotations
 
 import math
-import shlex
 import shutil
 import subprocess
 import time
@@ -22,6 +21,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from sweeper.point_job import run_point, run_worker
 from sweeper.points import Point, Shape
 from sweeper.runners import partition
+from sweeper.runners.sbatch import sbatch_preview, slurm_parameters
 from sweeper.runners.warm import Queue, WarmPool
 from trainer import requeue
 from trainer.errors import ConfigError
@@ -31,14 +31,8 @@ if TYPE_CHECKING:
 
     from sweeper.runners.base import Job
 
-# What submitit runs in each task (its pickled function, our run_point).
-SUBMIT_COMMAND = "python -u -m submitit.core._submit"
-# submitit's own #SBATCH settings: USR2 90 s before the time limit, logs appended, its wckey.
-SUBMITIT_FIXED = {"signal": "USR2@90", "open-mode": "append", "wckey": "submitit"}
 PENDING_POLL_S = 5.0  # squeue, for the progress line's pending jobs: gently on a busy controller
 RESULT_WAIT_S = 3  # submitit's default, 15 s, delays the news of every killed job (a shared FS's lag is less)
-# Parameters that are not #SBATCH options.
-NOT_SBATCH = ("array_parallelism", "srun_args", "setup", "additional_parameters")
 
 
 class SlurmRunner:
@@ -54,10 +48,27 @@ class SlurmRunner:
         self._pending: tuple[float, dict[str, int]] = (0.0, {})  # when squeue was last asked, and its answer
 
     def partition_limits(self) -> partition.Partition:
-        """The partition's limits, asked of Slurm once."""
+        """The partition's limits, asked of Slurm once (after its own word on a named partition)."""
         if self._partition is None:
+            self._test_partition()
             self._partition = partition.read(self.launcher.partition)
         return self._partition
+
+    def _test_partition(self) -> None:
+        """``sbatch --test-only``: Slurm's own message for a partition that is missing or not ours."""
+        name = self.launcher.partition
+        if name is None:
+            return
+        cmd = ["sbatch", "--test-only", f"--partition={name}", "--wrap=true"]
+        try:
+            result = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+        except FileNotFoundError as e:
+            raise ConfigError(
+                "launcher=slurm but sbatch is not installed here; run the sweep on a Slurm login node"
+            ) from e
+        if result.returncode != 0:
+            msg = result.stderr.strip() or result.stdout.strip()
+            raise ConfigError(f"launcher.partition={name}: Slurm says: {msg}")
 
     def per_node(self) -> tuple[int, int, int]:
         """Ranks and GPUs per node, and the most nodes a point spans: as configured, else the partition's
@@ -92,19 +103,8 @@ class SlurmRunner:
     def check(self, points: list[Point]) -> None:
         """Ask the scheduler whether the partition exists (its own message if not), then hold the
         points to its limits: a job it can never start would pend forever."""
-        name = self.launcher.partition
-        if name is not None:
-            cmd = ["sbatch", "--test-only", f"--partition={name}", "--wrap=true"]
-            try:
-                result = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
-            except FileNotFoundError as e:
-                raise ConfigError(
-                    "launcher=slurm but sbatch is not installed here; run the sweep on a Slurm login node"
-                ) from e
-            if result.returncode != 0:
-                msg = result.stderr.strip() or result.stdout.strip()
-                raise ConfigError(f"launcher.partition={name}: Slurm says: {msg}")
         if shutil.which("scontrol") is None:
+            self._test_partition()
             return  # a preview away from the cluster, every per-node value configured: nothing to ask
         longest = max(Counter(p.shape for p in points).values()) if self.pool is not None else 1
         check_limits(
@@ -201,6 +201,18 @@ class SlurmRunner:
         self._pending = (time.monotonic(), counts)
         return counts
 
+    def accounting(self, job_ids: list[str]) -> dict[str, str]:
+        """sacct's state and elapsed time of each job (TIMEOUT, PREEMPTED, OUT_OF_MEMORY, NODE_FAIL, ...)."""
+        if not job_ids:
+            return {}
+        cmd = ["sacct", "-n", "-P", "-X", "-o", "JobID,State,Elapsed", "-j", ",".join(sorted(set(job_ids)))]
+        try:
+            out = subprocess.run(cmd, capture_output=True, text=True, timeout=30).stdout
+        except (OSError, subprocess.TimeoutExpired):
+            return {}
+        rows = [line.split("|") for line in out.splitlines() if line.count("|") == 2]
+        return {job: f"{state.split()[0]} {elapsed}" for job, state, elapsed in rows}
+
     def release(self, job: Job) -> None:
         pass  # Slurm holds the resources
 
@@ -240,55 +252,3 @@ def check_limits(launcher: DictConfig, part: partition.Partition, per_node: tupl
     for bad, message in problems:
         if bad:
             raise ConfigError(message)
-
-
-def slurm_parameters(launcher: DictConfig, shape: Shape, job_name: str, n_points: int = 1) -> dict[str, Any]:
-    """submitit SlurmExecutor parameters for one shape's job array (also what the preview renders);
-    each job serves at most ``n_points`` points, and its time limit covers them."""
-    params: dict[str, Any] = {
-        "job_name": job_name,
-        "nodes": shape.nodes,
-        "ntasks_per_node": shape.tasks_per_node,
-        "cpus_per_task": launcher.cpus_per_task,
-        "time": launcher.timeout_min * n_points,
-        "array_parallelism": launcher.array_parallelism,
-        "srun_args": [f"--mpi={launcher.pmi}", *launcher.srun_args],
-        "setup": [guarded(line) for line in launcher.setup],
-        "additional_parameters": dict(launcher.sbatch_args),
-    }
-    if shape.gpus_per_task:
-        params["gpus_per_node"] = shape.tasks_per_node
-    for key in ("partition", "account", "qos", "mem", "constraint"):
-        if launcher[key] is not None:
-            params[key] = launcher[key]
-    return params
-
-
-def guarded(line: str) -> str:
-    """A setup line that ends the job when it fails (sbatch scripts go on past a failing line, and
-    the point would then run without, say, its module)."""
-    message = shlex.quote(f"sweepscale: the setup line failed: {line} (launcher.setup)")
-    return f"{line} || {{ echo {message} >&2; exit 1; }}"
-
-
-def sbatch_preview(params: dict[str, Any], folder: Path, n_points: int) -> str:
-    """The #SBATCH lines, setup lines and srun line of one job array of ``n_points`` jobs, as
-    submitit writes them for these parameters (``folder`` holds ``%j``, as the executor's does)."""
-    flags = {k: v for k, v in params.items() if k not in NOT_SBATCH and v is not None}
-    flags.update(SUBMITIT_FIXED)
-    flags["array"] = f"0-{n_points - 1}%{min(n_points, params['array_parallelism'])}"
-    # Array tasks log to <array id>_<task index>; task 0 speaks for the #SBATCH lines.
-    logs = str(Path(folder).expanduser().absolute()).replace("%j", "%A_%a")
-    stdout, stderr = f"{logs}/%A_%a_%t_log.out", f"{logs}/%A_%a_%t_log.err"
-    flags["output"], flags["error"] = stdout.replace("%t", "0"), stderr.replace("%t", "0")
-    flags.update(params["additional_parameters"])
-    lines = [sbatch_flag(key, flags[key]) for key in sorted(flags)]
-    lines += params["setup"]
-    srun = ["srun", "--unbuffered", "--output", stdout, "--error", stderr, *params["srun_args"]]
-    lines.append(f"{shlex.join(srun)} {SUBMIT_COMMAND}")
-    return "\n".join(lines)
-
-
-def sbatch_flag(key: str, value: Any) -> str:
-    key = key.replace("_", "-")
-    return f"#SBATCH --{key}" if value is True else f"#SBATCH --{key}={shlex.quote(str(value))}"

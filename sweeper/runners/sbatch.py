@@ -1,0 +1,74 @@
+"""The sbatch script of one job array, as submitit writes it: the parameters the executor is given
+(`slurm_parameters`) and their rendering for the preview (`sbatch_preview`);
+tests/data/sbatch_preview.txt is its golden file."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
+
+    from sweeper.points import Shape
+
+# What submitit runs in each task (its pickled function, our run_point).
+SUBMIT_COMMAND = "python -u -m submitit.core._submit"
+# submitit's own #SBATCH settings: USR2 90 s before the time limit, logs appended, its wckey.
+SUBMITIT_FIXED = {"signal": "USR2@90", "open-mode": "append", "wckey": "submitit"}
+
+# Parameters that are not #SBATCH options.
+NOT_SBATCH = ("array_parallelism", "srun_args", "setup", "additional_parameters")
+
+
+def slurm_parameters(launcher: DictConfig, shape: Shape, job_name: str, n_points: int = 1) -> dict[str, Any]:
+    """submitit SlurmExecutor parameters for one shape's job array (also what the preview renders);
+    each job serves at most ``n_points`` points, and its time limit covers them."""
+    params: dict[str, Any] = {
+        "job_name": job_name,
+        "nodes": shape.nodes,
+        "ntasks_per_node": shape.tasks_per_node,
+        "cpus_per_task": launcher.cpus_per_task,
+        "time": launcher.timeout_min * n_points,
+        "array_parallelism": launcher.array_parallelism,
+        "srun_args": [f"--mpi={launcher.pmi}", *launcher.srun_args],
+        "setup": [guarded(line) for line in launcher.setup],
+        "additional_parameters": dict(launcher.sbatch_args),
+    }
+    if shape.gpus_per_task:
+        params["gpus_per_node"] = shape.tasks_per_node
+    for key in ("partition", "account", "qos", "mem", "constraint"):
+        if launcher[key] is not None:
+            params[key] = launcher[key]
+    return params
+
+
+def guarded(line: str) -> str:
+    """A setup line that ends the job when it fails (sbatch scripts go on past a failing line, and
+    the point would then run without, say, its module)."""
+    message = shlex.quote(f"sweepscale: the setup line failed: {line} (launcher.setup)")
+    return f"{line} || {{ echo {message} >&2; exit 1; }}"
+
+
+def sbatch_preview(params: dict[str, Any], folder: Path, n_points: int) -> str:
+    """The #SBATCH lines, setup lines and srun line of one job array of ``n_points`` jobs, as
+    submitit writes them for these parameters (``folder`` holds ``%j``, as the executor's does)."""
+    flags = {k: v for k, v in params.items() if k not in NOT_SBATCH and v is not None}
+    flags.update(SUBMITIT_FIXED)
+    flags["array"] = f"0-{n_points - 1}%{min(n_points, params['array_parallelism'])}"
+    # Array tasks log to <array id>_<task index>; task 0 speaks for the #SBATCH lines.
+    logs = str(Path(folder).expanduser().absolute()).replace("%j", "%A_%a")
+    stdout, stderr = f"{logs}/%A_%a_%t_log.out", f"{logs}/%A_%a_%t_log.err"
+    flags["output"], flags["error"] = stdout.replace("%t", "0"), stderr.replace("%t", "0")
+    flags.update(params["additional_parameters"])
+    lines = [sbatch_flag(key, flags[key]) for key in sorted(flags)]
+    lines += params["setup"]
+    srun = ["srun", "--unbuffered", "--output", stdout, "--error", stderr, *params["srun_args"]]
+    lines.append(f"{shlex.join(srun)} {SUBMIT_COMMAND}")
+    return "\n".join(lines)
+
+
+def sbatch_flag(key: str, value: Any) -> str:
+    key = key.replace("_", "-")
+    return f"#SBATCH --{key}" if value is True else f"#SBATCH --{key}={shlex.quote(str(value))}"

@@ -1,0 +1,31 @@
+"""Run by tests/test_trainer_runs.py on MPI ranks: print the addresses this rank listens on (TCP),
+leaving out the sockets it inherited from its launcher."""
+
+import os
+from pathlib import Path
+
+from mpi4py import MPI
+
+
+def socket_inodes(pid: str) -> set[str]:
+    out = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            out.add(target[8:-1])
+    return out
+
+
+MPI.COMM_WORLD.Barrier()
+mine = socket_inodes("self") - socket_inodes(str(os.getppid()))
+listening = []
+for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+    for row in Path(table).read_text().splitlines()[1:]:
+        fields = row.split()
+        if fields[3] == "0A" and fields[9] in mine:  # state LISTEN, one of this rank's sockets
+            listening.append(fields[1].split(":")[0])
+print("listening", MPI.COMM_WORLD.rank, " ".join(sorted(listening)), flush=True)
+MPI.COMM_WORLD.Barrier()
