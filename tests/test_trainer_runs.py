@@ -354,5 +354,5 @@ def test_local_ranks_listen_on_loopback_only():
     out = subprocess.run(cmd, env=parallel.mpiexec_env(), capture_output=True, text=True, timeout=60)
     rows = [line.split()[2:] for line in out.stdout.splitlines() if line.startswith("listening")]
     loopback = {"0100007F", "00000000000000000000000001000000"}  # 127.0.0.1, ::1 as /proc/net/tcp{,6} write them
-    assert len(rows) == 2 and all(rows), out.stdout + out.stderr
+    assert len(rows) == 2, out.stdout + out.stderr  # a rank may listen nowhere (Open MPI on one host)
     assert {addr for row in rows for addr in row} <= loopback, rows

@@ -52,12 +52,13 @@ def find_mpiexec(explicit: str | None) -> str:
     return found
 
 
-# A local run's ranks talk over loopback only: MPICH's UCX and libfabric transports, Open MPI's TCP.
+# A local run's ranks (one host) listen on loopback only: MPICH's UCX and libfabric transports on
+# lo; Open MPI without its TCP transport (it listens on every address; shared memory carries all).
 LOOPBACK = {
     "UCX_NET_DEVICES": "lo",
     "FI_TCP_IFACE": "lo",
     "FI_SOCKETS_IFACE": "lo",
-    "OMPI_MCA_btl_tcp_if_include": "lo",
+    "OMPI_MCA_btl": "^tcp",
     "OMPI_MCA_oob_tcp_if_include": "lo",
 }
 
