@@ -105,3 +105,12 @@ def test_old_spellings_name_the_new_key(override, message, tmp_path):
     result = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert result.returncode == 2
     assert message in result.stderr
+
+
+def test_array_parallelism_caps_the_whole_sweep():
+    from sweeper.runners.sbatch import share
+
+    assert share(16, [3, 5]) == [3, 5]  # room for every job
+    assert share(4, [2, 6]) == [1, 3]  # in proportion
+    assert share(3, [4, 4, 4]) == [1, 1, 1]
+    assert share(2, [3, 3, 3]) == [1, 1, 1]  # each array runs: more arrays than the cap exceed it

@@ -84,10 +84,11 @@ def test_dry_run_lists_points_and_resources_without_submitting(tmp_path, mlflow_
 
 
 def test_dry_run_on_slurm_shows_sbatch_lines(tmp_path, mlflow_uri):
-    args = ["nproc=1,2", "launcher=slurm", "launcher.ranks_per_node=2", "launcher.timeout_min=7", "--dry-run"]
-    result = sweep(args, tmp_path)
+    args = ["nproc=1,2", "hidden=8,16,24", "launcher=slurm", "launcher.ranks_per_node=2", "launcher.timeout_min=7"]
+    result = sweep([*args, "launcher.warm=false", "launcher.array_parallelism=2", "--dry-run"], tmp_path)
     assert result.returncode == 0, result.stderr
     assert "#SBATCH --ntasks-per-node=2" in result.stdout and "#SBATCH --time=7" in result.stdout
+    assert result.stdout.count("#SBATCH --array=0-2%1") == 2  # array_parallelism=2 for the sweep: one job each
     assert "--mpi=pmi2" in result.stdout
 
 

@@ -22,16 +22,30 @@ SUBMITIT_FIXED = {"signal": "USR2@90", "open-mode": "append", "wckey": "submitit
 NOT_SBATCH = ("array_parallelism", "srun_args", "setup", "additional_parameters")
 
 
-def slurm_parameters(launcher: DictConfig, shape: Shape, job_name: str, n_points: int = 1) -> dict[str, Any]:
+def share(total: int, sizes: list[int]) -> list[int]:
+    """``launcher.array_parallelism`` caps the whole sweep: split ``total`` jobs at once among job
+    arrays of these sizes, in proportion, each at least one (more arrays than ``total`` exceed it)
+    and none more than its size."""
+    given = [1] * len(sizes)
+    while sum(given) < total and any(g < s for g, s in zip(given, sizes)):
+        i = max((i for i, s in enumerate(sizes) if given[i] < s), key=lambda i: sizes[i] / given[i])
+        given[i] += 1
+    return given
+
+
+def slurm_parameters(
+    launcher: DictConfig, shape: Shape, job_name: str, n_points: int = 1, at_once: int | None = None
+) -> dict[str, Any]:
     """submitit SlurmExecutor parameters for one shape's job array (also what the preview renders);
-    each job serves at most ``n_points`` points, and its time limit covers them."""
+    each job serves at most ``n_points`` points, and its time limit covers them; ``at_once`` of
+    them run at a time (the array's share of ``launcher.array_parallelism``)."""
     params: dict[str, Any] = {
         "job_name": job_name,
         "nodes": shape.nodes,
         "ntasks_per_node": shape.tasks_per_node,
         "cpus_per_task": launcher.cpus_per_task,
         "time": launcher.timeout_min * n_points,
-        "array_parallelism": launcher.array_parallelism,
+        "array_parallelism": at_once or launcher.array_parallelism,
         "srun_args": [f"--mpi={launcher.pmi}", *launcher.srun_args],
         "setup": [guarded(line) for line in launcher.setup],
         "additional_parameters": dict(launcher.sbatch_args),

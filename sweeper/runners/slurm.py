@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from sweeper.point_job import run_point, run_worker
 from sweeper.points import Point, Shape
 from sweeper.runners import partition
-from sweeper.runners.sbatch import sbatch_preview, slurm_parameters
+from sweeper.runners.sbatch import sbatch_preview, share, slurm_parameters
 from sweeper.runners.warm import Queue, WarmPool
 from trainer import requeue
 from trainer.errors import ConfigError
@@ -112,18 +112,22 @@ class SlurmRunner:
         )
 
     def preview(self, groups: dict[Shape, list[Point]]) -> dict[str, str]:
-        out = {}
+        arrays = []
         for shape, members in groups.items():
             n_jobs, per_job = len(members), 1
             if self.pool is not None:
                 per_job = min(self.launcher.points_per_job, len(members))
                 n_jobs = math.ceil(len(members) / per_job)
+            arrays.append((shape, n_jobs, per_job))
+        shares = share(self.launcher.array_parallelism, [n_jobs for _, n_jobs, _ in arrays])
+        out = {}
+        for (shape, n_jobs, per_job), at_once in zip(arrays, shares):
             title = f"{shape.describe()}; {n_jobs} job(s) of {per_job} point(s)"
-            out[title] = sbatch_preview(self.parameters(shape, per_job), self.folder / "%j", n_jobs)
+            out[title] = sbatch_preview(self.parameters(shape, per_job, at_once), self.folder / "%j", n_jobs)
         return out
 
-    def parameters(self, shape: Shape, n_points: int = 1) -> dict[str, Any]:
-        return slurm_parameters(self.launcher, shape, self.job_name, n_points)
+    def parameters(self, shape: Shape, n_points: int = 1, at_once: int | None = None) -> dict[str, Any]:
+        return slurm_parameters(self.launcher, shape, self.job_name, n_points, at_once)
 
     def prestart(self, points: list[Point]) -> None:
         pass  # a Slurm job may wait in the queue for minutes: submitted with its tickets
@@ -135,8 +139,9 @@ class SlurmRunner:
         by_shape: dict[Shape, list[Point]] = {}
         for p in queued:
             by_shape.setdefault(p.shape, []).append(p)
-        for shape, todo in by_shape.items():
-            jobs = self._submit(shape, 1, [(run_point, str(p.dir), self.env()) for p in todo])
+        shares = share(self.launcher.array_parallelism, [len(todo) for todo in by_shape.values()])
+        for (shape, todo), at_once in zip(by_shape.items(), shares):
+            jobs = self._submit(shape, 1, [(run_point, str(p.dir), self.env()) for p in todo], at_once)
             for p, job in zip(todo, jobs):
                 queued.remove(p)
                 started.append((p, job))
@@ -152,12 +157,14 @@ class SlurmRunner:
         by_shape: dict[Shape, list[Queue]] = {}
         for q in fresh + again:
             by_shape.setdefault(q.points[0].shape, []).append(q)
-        for shape, qs in by_shape.items():
+        shares = share(self.launcher.array_parallelism, [len(qs) for qs in by_shape.values()])
+        for (shape, qs), at_once in zip(by_shape.items(), shares):
             names = [pool.new_name() for _ in qs]
             calls = [
                 (run_worker, str(q.dir), n, q.nproc, q.mpiexec, {**q.env, **self.env()}) for q, n in zip(qs, names)
             ]
-            for q, name, job in zip(qs, names, self._submit(shape, max(len(q.points) for q in qs), calls)):
+            jobs = self._submit(shape, max(len(q.points) for q in qs), calls, at_once)
+            for q, name, job in zip(qs, names, jobs):
                 q.workers[name] = job
         return pool.tickets(queued)
 
@@ -165,12 +172,13 @@ class SlurmRunner:
         """What every job's trainer is told beyond its config: how often it may requeue itself."""
         return {requeue.MAX_REQUEUES: str(self.launcher.max_requeues)}
 
-    def _submit(self, shape: Shape, n_points: int, calls: list[tuple]) -> list[Job]:
-        """One job array of ``calls`` (function, arguments), each allocation timed for ``n_points``."""
+    def _submit(self, shape: Shape, n_points: int, calls: list[tuple], at_once: int) -> list[Job]:
+        """One job array of ``calls`` (function, arguments), each allocation timed for ``n_points``,
+        ``at_once`` of them running at a time."""
         import submitit  # heavy: only once there is something to submit
 
         executor = submitit.SlurmExecutor(folder=str(self.folder / "%j"))
-        executor.update_parameters(**self.parameters(shape, n_points))
+        executor.update_parameters(**self.parameters(shape, n_points, at_once))
         with executor.batch():
             jobs = [executor.submit(fn, *args) for fn, *args in calls]
         for job in jobs:  # submitit waits this long, per task and call, for the result a killed job never writes
