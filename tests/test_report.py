@@ -145,8 +145,8 @@ def test_rebuild_after_a_resumed_sweep_gives_the_same_report(tmp_path, mlflow_ur
     assert read_csv(tmp_path / "latest" / "points.csv") == at_end
 
 
-def test_report_of_an_unknown_sweep_names_it(tmp_path, mlflow_uri):
-    assert sweep(["lr=0.1", *TINY], tmp_path).returncode == 0
-    result = report_cli(["nosuchid"], tmp_path)
+def test_report_of_an_unknown_sweep_names_it(study_sweep):
+    tmp, _uri, _result = study_sweep  # its store, from the environment the fixture set
+    result = report_cli(["nosuchid"], tmp)
     assert result.returncode != 0
     assert "no sweep 'nosuchid' in this experiment; recent sweep ids:" in result.stderr
