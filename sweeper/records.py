@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -64,30 +65,38 @@ class SweepRecord:
         if self.parent_id:
             self.client.set_terminated(self.parent_id, status)
 
-    def close_orphans(self) -> list[str]:
+    def close_orphans(self, live: Callable[[list[str]], set[str]]) -> tuple[list[str], dict[str, tuple[str, str]]]:
         """Sweeps of this host whose sweeper is gone (SIGKILL, a closed session) left their parent and
-        children RUNNING: end them KILLED, saying why. Returns their sweep ids."""
+        children RUNNING: end them KILLED, saying why, but for a run whose scheduler job still runs
+        (``live``, the runner's answer), which goes on and ends itself. Returns the sweep ids closed,
+        and the runs going on: config hash -> (run id, job), for the sweep not to submit them again."""
         host = socket.gethostname()
         running = self.client.search_runs(
             [self.experiment_id],
             filter_string=f"attributes.status = 'RUNNING' and tags.`{metrics.TAG_SWEEPER}` LIKE '{host} %'",
             max_results=1000,
         )
-        closed = []
+        closed, going_on = [], {}
         for parent in running:
             pid = int(parent.data.tags[metrics.TAG_SWEEPER].split()[1])
             if alive(pid):
                 continue
             sweep_id = parent.data.tags[metrics.TAG_SWEEP_ID]
             why = f"its sweeper (pid {pid} on {host}) ended without closing the sweep's runs"
-            for run in self.children(sweep_id).values():
-                if run.info.status == "RUNNING" and run.info.run_id != parent.info.run_id:
-                    self.client.set_tag(run.info.run_id, metrics.TAG_ERROR, why)
-                    self.client.set_terminated(run.info.run_id, "KILLED")
+            kids = [r for r in self.children(sweep_id).values() if r.info.status == "RUNNING"]
+            kids = [r for r in kids if r.info.run_id != parent.info.run_id]
+            jobs = {r.info.run_id: r.data.tags.get(metrics.TAG_SLURM_JOB, "") for r in kids}
+            running_jobs = live([job for job in jobs.values() if job])
+            for run in kids:
+                if jobs[run.info.run_id] in running_jobs:
+                    going_on[run.data.tags[metrics.TAG_CONFIG_HASH]] = (run.info.run_id, jobs[run.info.run_id])
+                    continue
+                self.client.set_tag(run.info.run_id, metrics.TAG_ERROR, why)
+                self.client.set_terminated(run.info.run_id, "KILLED")
             self.client.set_tag(parent.info.run_id, metrics.TAG_ERROR, why)
             self.client.set_terminated(parent.info.run_id, "KILLED")
-            closed.append(sweep_id)
-        return closed
+            closed.append(parent.data.tags.get(metrics.TAG_SWEEP_DIR, sweep_id))
+        return closed, going_on
 
     def abandon(self, error: BaseException) -> None:
         """The sweep failed before its end (sbatch refused a job, ...): its parent and the runs still

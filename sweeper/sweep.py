@@ -22,6 +22,7 @@ from sweeper.point_files import prepare
 from sweeper.points import Point
 from sweeper.records import SweepRecord, absolute_uri
 from sweeper.runners.base import Runner, make_runner
+from sweeper.runners.warm import withdraw_unclaimed
 from sweeper.watch import watch
 from trainer import data, journal, limits, metrics, provenance, tracking, uri_check
 
@@ -48,9 +49,12 @@ def run_sweep(base: DictConfig, points: list[Point], sweep_dir: Path, overrides:
     try:
         experiment = tracking.experiment_name(base.mlflow.experiment)
         record = SweepRecord(uri, experiment)
-        for gone in record.close_orphans():
-            display.console.print(f"sweep {gone}: its sweeper is gone; its runs left RUNNING are now KILLED")
-        done_before = resume(record, points, opts.force)
+        closed, going_on = record.close_orphans(runner.live)
+        for folder in closed:
+            display.console.print(f"sweep {folder}: its sweeper is gone; its runs left RUNNING are now KILLED")
+            if going_on:  # its live jobs end after the points they train: this sweep runs the rest
+                withdraw_unclaimed(Path(folder))
+        done_before = resume(record, points, opts.force, going_on)
         todo = [p for p in points if p.config_hash not in done_before]
 
         parent_id = start_parent(record, runner, sweep_id, points, done_before, sweep_dir, overrides)
@@ -127,12 +131,20 @@ def preview(points: list[Point], scripts: dict[str, str]) -> None:
     display.preview(rows, scripts)
 
 
-def resume(record: SweepRecord, points: list[Point], force: bool) -> dict[str, str]:
-    """config hash -> FINISHED run, for the points that need not run again (none with --force)."""
+def resume(
+    record: SweepRecord, points: list[Point], force: bool, going_on: dict[str, tuple[str, str]]
+) -> dict[str, str]:
+    """config hash -> the run a point reuses: a FINISHED one (none with --force), or one an earlier
+    sweep's job still trains (its sweeper gone: ``going_on``), which must not run twice."""
     finished = {} if force else record.finished_hashes()
-    done_before = {p.config_hash: finished[p.config_hash] for p in points if p.config_hash in finished}
+    done_before = {}
     for p in points:
-        if p.config_hash in done_before:
+        if p.config_hash in going_on:
+            run_id, job = going_on[p.config_hash]
+            done_before[p.config_hash] = run_id
+            display.console.print(f"skip {p.name}: run {run_id} goes on in job {job} of an earlier sweep")
+        elif p.config_hash in finished:
+            done_before[p.config_hash] = finished[p.config_hash]
             display.console.print(
                 f"skip {p.name}: FINISHED run {done_before[p.config_hash]} has the same config (--force reruns)"
             )

@@ -114,3 +114,30 @@ def test_the_segment_a_killed_step_leaves_is_the_one_the_wrapper_removes(tmp_pat
     assert leaked.exists()
     mpich_shm.remove()
     assert not leaked.exists()
+
+
+@slurm
+def test_a_live_job_of_a_killed_sweeper_is_not_submitted_twice(tmp_path, mlflow_uri):
+    """The sweeper SIGKILLed, its Slurm job trains on: the same sweep again leaves that point to the
+    job (no second run), withdraws the job's unclaimed points and runs them itself."""
+    runs(mlflow_uri)  # create the store first: polling must not race the sweeper's schema set-up
+    grid = ["epochs=1500,2", "hidden=8", "batch_size=50", "data.n_train=200", "data.n_test=50", *SLURM]
+    cmd = [sys.executable, "-m", "sweeper", "-m", *grid]
+    first = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    wait_for("the long point's run", lambda: child(mlflow_uri) is not None)
+    long_run = child(mlflow_uri)
+    job = long_run.data.tags[metrics.TAG_SLURM_JOB]
+    first.kill()  # the sweeper alone: its job (one allocation for both points) goes on
+    first.wait()
+    try:
+        again = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=240)
+        assert again.returncode == 0, again.stdout + again.stderr
+        assert f"skip epochs=1500: run {long_run.info.run_id} goes on in job {job}" in again.stdout
+        wait_for(f"job {job} to end", lambda: not job_state(job), timeout=180)
+    finally:
+        subprocess.run(["scancel", job], capture_output=True, check=False)
+    by_name: dict[str, list[str]] = {}
+    for r in runs(mlflow_uri):
+        by_name.setdefault(r.info.run_name, []).append(r.info.status)
+    assert by_name["epochs=1500"] == ["FINISHED"] and by_name["epochs=2"] == ["FINISHED"], by_name  # once each
+    assert sorted(by_name["sweep epochs"]) == ["FINISHED", "KILLED"]  # the new parent, the orphan closed

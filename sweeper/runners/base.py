@@ -64,6 +64,11 @@ class Runner(Protocol):
         ``Resources``, ``Priority``, ...); empty where nothing waits in a queue."""
         ...
 
+    def live(self, job_ids: list[str]) -> set[str]:
+        """Which of these scheduler jobs (an earlier sweep's) still run or wait: their runs go on
+        without a sweeper. Empty where jobs end with their sweeper."""
+        ...
+
     def accounting(self, job_ids: list[str]) -> dict[str, str]:
         """The scheduler's last word on these jobs, e.g. Slurm's "TIMEOUT 1:00:02" (sacct's state and
         elapsed time); empty where there is no scheduler."""

@@ -65,6 +65,9 @@ class DebugRunner:
     def pending(self) -> dict[str, int]:
         return {}  # nothing waits in a scheduler's queue here
 
+    def live(self, job_ids: list[str]) -> set[str]:
+        return set()  # a local job ends with the sweeper that started it
+
     def accounting(self, job_ids: list[str]) -> dict[str, str]:
         return {}  # no scheduler keeps accounts here
 

@@ -209,6 +209,16 @@ class SlurmRunner:
         self._pending = (time.monotonic(), counts)
         return counts
 
+    def live(self, job_ids: list[str]) -> set[str]:
+        if not job_ids:
+            return set()
+        cmd = ["squeue", "-h", "-o", "%A", "-j", ",".join(sorted(set(job_ids)))]
+        try:
+            out = subprocess.run(cmd, capture_output=True, text=True, timeout=30).stdout
+        except (OSError, subprocess.TimeoutExpired):
+            return set()
+        return set(out.split()) & set(job_ids)
+
     def accounting(self, job_ids: list[str]) -> dict[str, str]:
         """sacct's state and elapsed time of each job (TIMEOUT, PREEMPTED, OUT_OF_MEMORY, NODE_FAIL, ...)."""
         if not job_ids:

@@ -84,6 +84,15 @@ class Queue:
         return [n for n in self.workers if n not in self.ended]
 
 
+def withdraw_unclaimed(sweep_dir: Path) -> int:
+    """The tickets no worker of an earlier sweep (its sweeper gone) has claimed: removed, so that its
+    live workers end after their points and the sweep that closed it runs the rest. Returns how many."""
+    tickets = list(sweep_dir.glob(f".submitit/queues/*/{protocol.TODO}/*"))
+    for ticket in tickets:
+        ticket.unlink(missing_ok=True)
+    return len(tickets)
+
+
 class Ticket:
     """One point in a worker's hands, as the watch loop sees a job: done once the worker wrote
     the point's result, or ended without writing it."""
