@@ -40,7 +40,7 @@ def slurm_parameters(
     each job serves at most ``n_points`` points, and its time limit covers them; ``at_once`` of
     them run at a time (the array's share of ``launcher.array_parallelism``)."""
     params: dict[str, Any] = {
-        "job_name": job_name,
+        "job_name": f"{job_name}:nproc={shape.nodes * shape.tasks_per_node}",  # squeue tells the shapes apart
         "nodes": shape.nodes,
         "ntasks_per_node": shape.tasks_per_node,
         "cpus_per_task": launcher.cpus_per_task,
