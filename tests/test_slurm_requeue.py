@@ -31,8 +31,11 @@ def job_state(job: str) -> str:
 
 
 def start_now(job: str) -> None:
-    """Slurm holds a requeued job for about two minutes (its BeginTime); the test lets it start at once."""
+    """Slurm holds a requeued job for about two minutes (its BeginTime); the test lets it start
+    sooner, but not within the second its old credential was revoked in ("Job credential revoked":
+    slurmd refuses a credential of the same job that is not newer than the revocation)."""
     wait_for(f"job {job} pending again", lambda: job_state(job) == "PENDING")
+    time.sleep(2)
     subprocess.run(["scontrol", "update", f"jobid={job}", "StartTime=now"], check=True)
 
 
@@ -121,7 +124,7 @@ def test_a_live_job_of_a_killed_sweeper_is_not_submitted_twice(tmp_path, mlflow_
     """The sweeper SIGKILLed, its Slurm job trains on: the same sweep again leaves that point to the
     job (no second run), withdraws the job's unclaimed points and runs them itself."""
     runs(mlflow_uri)  # create the store first: polling must not race the sweeper's schema set-up
-    grid = ["epochs=1500,2", "hidden=8", "batch_size=50", "data.n_train=200", "data.n_test=50", *SLURM]
+    grid = ["epochs=1000,2", "hidden=8", "batch_size=50", "data.n_train=200", "data.n_test=50", *SLURM]
     cmd = [sys.executable, "-m", "sweeper", "-m", *grid]
     first = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     wait_for("the long point's run", lambda: child(mlflow_uri) is not None)
@@ -132,12 +135,12 @@ def test_a_live_job_of_a_killed_sweeper_is_not_submitted_twice(tmp_path, mlflow_
     try:
         again = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=240)
         assert again.returncode == 0, again.stdout + again.stderr
-        assert f"skip epochs=1500: run {long_run.info.run_id} goes on in job {job}" in again.stdout
+        assert f"skip epochs=1000: run {long_run.info.run_id} goes on in job {job}" in again.stdout
         wait_for(f"job {job} to end", lambda: not job_state(job), timeout=180)
     finally:
         subprocess.run(["scancel", job], capture_output=True, check=False)
     by_name: dict[str, list[str]] = {}
     for r in runs(mlflow_uri):
         by_name.setdefault(r.info.run_name, []).append(r.info.status)
-    assert by_name["epochs=1500"] == ["FINISHED"] and by_name["epochs=2"] == ["FINISHED"], by_name  # once each
+    assert by_name["epochs=1000"] == ["FINISHED"] and by_name["epochs=2"] == ["FINISHED"], by_name  # once each
     assert sorted(by_name["sweep epochs"]) == ["FINISHED", "KILLED"]  # the new parent, the orphan closed
