@@ -88,6 +88,20 @@ class Runner(Protocol):
         ...
 
 
+class WithoutScheduler:
+    """What a runner whose jobs are this machine's processes says of a scheduler's queue and
+    accounts: nothing waits, nothing outlives its sweeper, nobody keeps accounts."""
+
+    def pending(self) -> dict[str, int]:
+        return {}
+
+    def live(self, job_ids: list[str]) -> set[str]:
+        return set()  # a local job ends with the sweeper that started it
+
+    def accounting(self, job_ids: list[str]) -> dict[str, str]:
+        return {}
+
+
 def make_runner(launcher: DictConfig, sweep_dir: Path, job_name: str) -> Runner:
     """The runner class named by ``launcher._target_`` (as Hydra's submitit plugin dispatches)."""
     from hydra.utils import get_class

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 from sweeper.point_job import PointFailedError
 from sweeper.points import Point, Shape
+from sweeper.runners.base import WithoutScheduler
 from trainer.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -33,7 +34,7 @@ class FinishedInProcess:
         pass
 
 
-class DebugRunner:
+class DebugRunner(WithoutScheduler):
     scheduler: ClassVar[str] = "debug"
     checkpoints: ClassVar[bool] = False
 
@@ -61,15 +62,6 @@ class DebugRunner:
         status = train(point.trainer, [])
         error = None if status == 0 else PointFailedError(f"trainer returned status {status}")
         return [(point, FinishedInProcess(error))]
-
-    def pending(self) -> dict[str, int]:
-        return {}  # nothing waits in a scheduler's queue here
-
-    def live(self, job_ids: list[str]) -> set[str]:
-        return set()  # a local job ends with the sweeper that started it
-
-    def accounting(self, job_ids: list[str]) -> dict[str, str]:
-        return {}  # no scheduler keeps accounts here
 
     def release(self, job: FinishedInProcess) -> None:
         pass

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from sweeper.point_job import run_point, run_worker
 from sweeper.points import Point, Shape
+from sweeper.runners.base import WithoutScheduler
 from sweeper.runners.warm import Ticket, WarmPool
 from trainer import gpu_lease
 from trainer.backend import gpu_count
@@ -30,7 +31,7 @@ if TYPE_CHECKING:
     from sweeper.runners.base import Job
 
 
-class LocalRunner:
+class LocalRunner(WithoutScheduler):
     scheduler: ClassVar[str] = "local"
     checkpoints: ClassVar[bool] = False  # nothing restarts a local job: no epoch pays for a checkpoint
 
@@ -152,15 +153,6 @@ class LocalRunner:
         ids, cpus = self.held.pop(job.job_id, ([], 0))
         self.free_gpus = sorted(self.free_gpus + ids)
         self.free_cpus += cpus
-
-    def pending(self) -> dict[str, int]:
-        return {}  # nothing waits in a scheduler's queue here
-
-    def live(self, job_ids: list[str]) -> set[str]:
-        return set()  # a local job ends with the sweeper that started it
-
-    def accounting(self, job_ids: list[str]) -> dict[str, str]:
-        return {}  # no scheduler keeps accounts here
 
     def release(self, job: Job) -> None:
         if self.pool is None:  # a warm worker's resources come back when the worker ends
