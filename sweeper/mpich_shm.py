@@ -12,9 +12,10 @@ so a sibling task's fresh one is kept. Standard library only, like the wrapper.
 from __future__ import annotations
 
 import os
-import subprocess
 from datetime import datetime
 from pathlib import Path
+
+from trainer import requeue
 
 SHM = Path("/dev/shm")
 
@@ -49,11 +50,6 @@ def remove_stale() -> None:
     """In a restarted job: the segments its earlier run left, before any rank of this one starts."""
     if int(os.environ.get("SLURM_RESTART_COUNT", "0")) == 0 or not segments():
         return
-    try:
-        out = subprocess.run(
-            ["scontrol", "-o", "show", "job", os.environ["SLURM_JOB_ID"]], capture_output=True, text=True, timeout=30
-        ).stdout
-        start = next(f.split("=", 1)[1] for f in out.split() if f.startswith("StartTime="))
+    start = requeue.job_fields().get("StartTime")
+    if start and start[0].isdigit():  # no answer from Slurm: MPI_Init will say what went wrong
         remove(older_than=datetime.fromisoformat(start).timestamp())  # Slurm prints local time
-    except (OSError, subprocess.TimeoutExpired, StopIteration, ValueError):
-        pass  # MPI_Init will say what went wrong

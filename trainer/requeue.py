@@ -62,15 +62,21 @@ def requeues_left() -> int:
     return allowed - int(os.environ.get("SLURM_RESTART_COUNT", "0"))
 
 
-def by_slurm() -> bool:
-    """Whether Slurm is requeueing this job (``scontrol requeue``, preemption): its restart count is
-    past the one this run of the job started with."""
+def job_fields() -> dict[str, str]:
+    """This Slurm job as ``scontrol show job`` has it now (``Restarts``, ``StartTime`` ...); empty
+    outside a job or when Slurm does not answer."""
     job = os.environ.get("SLURM_JOB_ID")
     if not job:
-        return False
+        return {}
     try:
         out = subprocess.run(["scontrol", "-o", "show", "job", job], capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.TimeoutExpired):
-        return False
-    restarts = [int(f.split("=", 1)[1]) for f in out.split() if f.startswith("Restarts=")]
-    return bool(restarts) and restarts[0] > int(os.environ.get("SLURM_RESTART_COUNT", "0"))
+        return {}
+    return dict(f.split("=", 1) for f in out.split() if "=" in f)
+
+
+def by_slurm() -> bool:
+    """Whether Slurm is requeueing this job (``scontrol requeue``, preemption): its restart count is
+    past the one this run of the job started with."""
+    restarts = job_fields().get("Restarts", "0")
+    return restarts.isdigit() and int(restarts) > int(os.environ.get("SLURM_RESTART_COUNT", "0"))
