@@ -224,6 +224,7 @@ def train_on_rank(
             job = start_reference(cfg, layout, schedule, init, ds)
 
     checkpoints = cfg.save.checkpoint_dir if recorder is not None else None
+    key = checkpoint.resume_key(cfg) if checkpoints else ""  # once: hashing the config is not per epoch work
 
     def on_epoch(e: EpochResult) -> None:
         if recorder is not None:  # rank 0 checkpoints, records, and stops a diverged run (aborting the world)
@@ -233,7 +234,7 @@ def train_on_rank(
             if checkpoints and e.epoch < cfg.epochs:  # before the metrics: a kill between them loses none
                 steps = e.first_iteration + len(e.losses)
                 acc = np.nan if precision is None else precision
-                state = (backend.to_host(params), e.epoch, steps, recorder.run_id, checkpoint.resume_key(cfg))
+                state = (backend.to_host(params), e.epoch, steps, recorder.run_id, key)
                 checkpoint.save(checkpoints, checkpoint.Checkpoint(*state, e.losses, e.batch_sizes, e.seconds, acc))
             if e.epoch == 1 and clock.first_start is not None:
                 recorder.metric(metrics.TIME_TO_FIRST_BATCH, clock.first_start - origin)
