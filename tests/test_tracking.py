@@ -90,3 +90,31 @@ def test_the_trainer_names_a_bad_uri_before_its_ranks_start(tmp_path):
     assert done.returncode == 2
     assert "Error: mlflow.tracking_uri=foo://bar: not a tracking URI MLflow opens" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_a_sigterm_that_a_library_turned_into_its_own_error_still_ends_the_run_killed(mlflow_uri, monkeypatch):
+    """SQLAlchemy wraps what interrupts a query. The run ended FAILED, and a warm worker, its
+    SIGTERM now ignored, went on to train the next points to FINISHED."""
+    import os
+    import signal
+    import time
+
+    from trainer import run, sigterm
+
+    monkeypatch.setattr(sigterm, "_seen", False)
+    before = signal.getsignal(signal.SIGTERM)
+    recorder = tracking.Recorder(mlflow_uri, "e", "r", {}, None)
+    try:
+        sigterm.install()
+        try:
+            try:
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(5)  # the handler raises here
+            except sigterm.Terminated as interrupted:
+                raise RuntimeError("(sqlite3.OperationalError) interrupted") from interrupted
+        except RuntimeError as wrapped:
+            status = run._record_failure(wrapped, mlflow_uri, recorder.run_id, recorder, 0)
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    assert sigterm.seen() and status == run.KILLED_STATUS
+    assert tracking.client(mlflow_uri).get_run(recorder.run_id).info.status == "KILLED"

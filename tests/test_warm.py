@@ -154,7 +154,7 @@ def test_slurm_scancel_of_a_chunk_kills_its_points_and_a_rerun_finishes_them(tmp
     proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.time() + 120
     while time.time() < deadline and not any(
-        r.info.status == "RUNNING" and "mlflow.parentRunId" in r.data.tags for r in runs(mlflow_uri)
+        r.info.status == "RUNNING" and r.info.run_name == "epochs=100000" for r in runs(mlflow_uri)
     ):
         time.sleep(0.5)
     (link,) = tmp_path.glob("multirun/*/*/0/stderr.log")  # the first point's folder leads to its allocation
@@ -167,7 +167,8 @@ def test_slurm_scancel_of_a_chunk_kills_its_points_and_a_rerun_finishes_them(tmp
         subprocess.run(["scancel", *jobs], check=False)
     assert proc.returncode == 1, out
     kids = only_sweep(mlflow_uri)
-    assert {r.info.status for r in kids.values()} == {"KILLED"}, {n: r.info.status for n, r in kids.items()}
+    said = {n: (r.info.status, r.data.tags.get(metrics.TAG_ERROR, "")[-400:]) for n, r in kids.items()}
+    assert {r.info.status for r in kids.values()} == {"KILLED"}, said
     rows = [line for line in out[out.index("sweep summary") :].splitlines() if line.startswith("│ epochs=")]
     assert len(rows) == 4 and all("KILLED" in r for r in rows), rows  # the running point, the 3 never claimed
 

@@ -6,18 +6,28 @@ run -> data (trainer/data.py) -> model (model.py, the step: step.py) -> loop (lo
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import sys
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any
 
 import numpy as np
 from omegaconf import DictConfig
 
-from trainer import checkpoint, console, launch, limits, metrics, model, parallel, reference_jobs, requeue, tracking
+from trainer import (
+    checkpoint,
+    console,
+    launch,
+    limits,
+    metrics,
+    model,
+    parallel,
+    reference_jobs,
+    requeue,
+    sigterm,
+    tracking,
+)
 from trainer import data as data_mod
 from trainer.backend import Backend, gpu_count, pinned, select
 from trainer.clock import PhaseClock, process_start
@@ -34,18 +44,8 @@ from trainer.record import (
     start_reference,
 )
 from trainer.requeue import TimeLimitReached
+from trainer.sigterm import Terminated
 from trainer.uri_check import check_uri
-
-
-class Terminated(BaseException):
-    """SIGTERM reached a rank: end the run KILLED, like Ctrl-C."""
-
-
-def _raise_terminated(_signum: int, _frame: Any) -> None:
-    # Once: Slurm signals every process of the step, so a second SIGTERM (from the job's wrapper)
-    # must not interrupt the recording of the first.
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    raise Terminated("terminated by SIGTERM")
 
 
 def main(cfg: DictConfig, argv: list[str]) -> int:
@@ -131,7 +131,7 @@ def train_and_defer(
     uri = tracking.tracking_uri(cfg.mlflow.tracking_uri)
     recorder: tracking.Recorder | None = None
     run_id: str | None = None
-    signal.signal(signal.SIGTERM, _raise_terminated)
+    sigterm.install()
     requeue.arm()
     try:
         backend = select(cfg.device, world.local_rank)
@@ -172,7 +172,7 @@ def _record_failure(
 ) -> int:
     """End the run FAILED, or KILLED on Ctrl-C, SIGTERM or a time limit it will resume from, with
     the error; returns the status."""
-    killed = isinstance(e, (KeyboardInterrupt, Terminated)) or getattr(e, "requeue", False)
+    killed = isinstance(e, (KeyboardInterrupt, Terminated)) or sigterm.seen() or getattr(e, "requeue", False)
     status = "KILLED" if killed else "FAILED"
     text = traceback.format_exc() if traced else f"{type(e).__name__}: {e}"
     print(f"[rank {rank}] run {status}:\n{text}", file=sys.stderr, flush=True)

@@ -36,7 +36,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from trainer import gpu_lease, parallel, requeue
+from trainer import gpu_lease, parallel, requeue, sigterm
 
 TODO, CLAIMED = "todo", "claimed"
 SEALED = "sealed"  # every ticket is written
@@ -176,8 +176,8 @@ def _serve(queue: Path, name: str, world: parallel.World, worker: str, waiting: 
             return _settle(waiting, worker, block=True)  # the last points' references
         if status == requeue.REQUEUE_STATUS:  # the point resumes from its checkpoint after the requeue
             return _settle(waiting, worker, block=True) or status
-        if status == KILLED_STATUS:
-            return status
+        if status == KILLED_STATUS or sigterm.seen():  # SIGTERM: serve no other point
+            return KILLED_STATUS
 
 
 def _next_point(
@@ -261,7 +261,8 @@ def main(argv: list[str] | None = None) -> int:
     requeue.arm()  # a warning between points: the worker ends and its requeued job serves the rest
     world = parallel.join_world(args.nproc)
     _warm_up(world)
-    from trainer.run import KILLED_STATUS, Terminated
+    from trainer.run import KILLED_STATUS
+    from trainer.sigterm import Terminated
 
     try:
         return serve(args.queue.resolve(), args.name, world)
