@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # A real tracking server for the tests and for a cluster without containers: Debian's PostgreSQL
-# (the runs) and `mlflow server` on it, serving the artifacts itself, both on 127.0.0.1 only.
+# (the runs) and `mlflow server` on it, serving the artifacts itself, both on 127.0.0.1 unless told.
 # These are the commands docker/compose.yaml runs. .ci/run calls it after `make install`.
 # Idempotent: installs PostgreSQL only when missing, starts only what is not running.
 #   MLFLOW_PORT (5000), PG_PORT (5432), BASE (/var/lib/sweepscale-tracking): artifacts, logs, pid.
+#   MLFLOW_HOST (127.0.0.1): the address the server listens on; the one your compute nodes reach
+#   (a second server on the same database may listen elsewhere: another MLFLOW_PORT and BASE).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+MLFLOW_HOST=${MLFLOW_HOST:-127.0.0.1}
 MLFLOW_PORT=${MLFLOW_PORT:-5000}
 PG_PORT=${PG_PORT:-5432}
 BASE=${BASE:-/var/lib/sweepscale-tracking}
@@ -36,12 +39,13 @@ runuser -u postgres -- psql -p "$PG_PORT" -Atc "select 1 from pg_database where 
 
 # ---- 2. the MLflow tracking server on it
 mkdir -p "$BASE/artifacts" "$BASE/log"
-if ! curl -sf "http://127.0.0.1:${MLFLOW_PORT}/health" >/dev/null; then
-  log "starting mlflow server on 127.0.0.1:${MLFLOW_PORT} (runs in PostgreSQL, artifacts in $BASE/artifacts)"
-  setsid "$MLFLOW" server --host 127.0.0.1 --port "$MLFLOW_PORT" --workers 2 \
+URL="http://${MLFLOW_HOST}:${MLFLOW_PORT}"
+if ! curl -sf "$URL/health" >/dev/null; then
+  log "starting mlflow server on $URL (runs in PostgreSQL, artifacts in $BASE/artifacts)"
+  setsid "$MLFLOW" server --host "$MLFLOW_HOST" --port "$MLFLOW_PORT" --workers 2 \
     --backend-store-uri "$DB_URI" --artifacts-destination "$BASE/artifacts" \
     </dev/null >>"$BASE/log/mlflow-server.log" 2>&1 &
   echo $! >"$BASE/mlflow-server.pid"
-  waitfor 120 curl -sf "http://127.0.0.1:${MLFLOW_PORT}/health" || { tail -30 "$BASE/log/mlflow-server.log" >&2; exit 1; }
+  waitfor 120 curl -sf "$URL/health" || { tail -30 "$BASE/log/mlflow-server.log" >&2; exit 1; }
 fi
-log "mlflow server up: http://127.0.0.1:${MLFLOW_PORT} (PostgreSQL ${version} on 127.0.0.1:${PG_PORT})"
+log "mlflow server up: $URL (PostgreSQL ${version} on 127.0.0.1:${PG_PORT})"

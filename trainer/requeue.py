@@ -72,7 +72,11 @@ def job_fields() -> dict[str, str]:
         out = subprocess.run(["scontrol", "-o", "show", "job", job], capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.TimeoutExpired):
         return {}
-    return dict(f.split("=", 1) for f in out.split() if "=" in f)
+    for line in out.splitlines():  # one line per task when ``job`` is also its array's id: this task's
+        fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
+        if fields.get("JobId") == job:
+            return fields
+    return {}
 
 
 def by_slurm() -> bool:

@@ -1,0 +1,114 @@
+"""Slurm across nodes: node1 and node2 of `SLURM_CI_NODES=2 bash scripts/slurm_up.sh`, each a
+slurmd in its own network and UTS namespace (own address, own hostname), partition `multi`.
+A point wider than a node spans two; a node going down takes only its own point with it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.test_slurm_requeue import start_now, wait_for
+from tests.test_sweeper import FAST, SLURM, runs, slurm, slurm_answers, sweep
+from tests.test_warm import only_sweep
+from trainer import checkpoint, metrics
+
+pytestmark = pytest.mark.mpi
+
+MULTI = [*SLURM, "launcher.partition=multi"]  # 2 CPUs a node: ranks per node and nodes from the partition
+
+
+def multi_nodes() -> list[str]:
+    if not slurm_answers():
+        return []
+    out = subprocess.run(["sinfo", "-h", "-N", "-p", "multi", "-o", "%N"], capture_output=True, text=True)
+    return sorted(set(out.stdout.split()))
+
+
+multinode = pytest.mark.skipif(
+    len(multi_nodes()) < 2,
+    reason="no partition `multi` of 2 nodes: CI starts one with SLURM_CI_NODES=2 bash scripts/slurm_up.sh",
+)
+
+
+@slurm
+@multinode
+def test_a_sweep_of_one_and_two_node_shapes_spans_the_nodes(tmp_path, mlflow_uri):
+    """nproc=4 with 2 ranks a node runs on both nodes (world size 4, weights equal to the
+    sequential reference's); nproc=2 fits on one."""
+    result = sweep(["hidden=16", "nproc=2,4", "dtype=float64", *FAST, *MULTI], tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    kids = only_sweep(mlflow_uri)
+    assert {n: r.info.status for n, r in kids.items()} == {"nproc=2": "FINISHED", "nproc=4": "FINISHED"}
+    wide, narrow = kids["nproc=4"].data, kids["nproc=2"].data
+    assert wide.tags["sweepscale.hosts"] == "node1,node2" and wide.tags["sweepscale.world_size"] == "4"
+    assert narrow.tags["sweepscale.hosts"] in ("node1", "node2") and narrow.tags["sweepscale.world_size"] == "2"
+    for run in (wide, narrow):  # the all-reduce across nodes: the reference replays the same batches
+        assert run.metrics[metrics.weight_error("max")] < 1e-12, run.metrics
+    nodes = subprocess.run(
+        ["sacct", "-n", "-P", "-X", "-j", wide.tags[metrics.TAG_SLURM_JOB], "-o", "NNodes"],
+        capture_output=True,
+        text=True,
+    ).stdout.split()
+    assert nodes and nodes[0] == "2", nodes  # one allocation of two nodes, as Slurm accounts it
+
+
+def steps_of(raw_job_id: str) -> list[str]:
+    """This machine's slurmstepd processes of a job (its batch script's and its steps')."""
+    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout.splitlines()
+    return [line for line in ps if line.startswith(f"slurmstepd: [{raw_job_id}.")]
+
+
+def node_of(job: str) -> str:
+    return subprocess.run(["squeue", "-h", "-j", job, "-o", "%N"], capture_output=True, text=True).stdout.strip()
+
+
+@slurm
+@multinode
+def test_a_node_going_down_mid_sweep_requeues_only_its_point(tmp_path, mlflow_uri):
+    """Two points, one on each node; node2 is set DOWN while both train. Slurm kills and requeues
+    the job on node2 only: its point resumes from its checkpoint into the same run, the other
+    point never notices."""
+    runs(mlflow_uri)  # create the store first: polling must not race the sweeper's schema set-up
+    grid = ["seed=1,2", "hidden=16", "nproc=2", "epochs=150", "batch_size=50", "data.n_train=200", "data.n_test=50"]
+    cmd = [sys.executable, "-m", "sweeper", "-m", *grid, *MULTI, "launcher.points_per_job=1"]  # a job each
+    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    jobs: dict[str, str] = {}
+    try:
+        for index in ("0", "1"):
+            ckpt = f"multirun/*/*/{index}/{checkpoint.FILE}"
+            wait_for(f"point {index}'s checkpoint", lambda c=ckpt: any(tmp_path.glob(c)))
+            (link,) = tmp_path.glob(f"multirun/*/*/{index}/stderr.log")
+            job = Path(os.readlink(link)).parent.name
+            jobs[node_of(job)] = job
+        assert sorted(jobs) == ["node1", "node2"], jobs  # each point fills a node (2 ranks, 2 CPUs)
+        raw = subprocess.run(["squeue", "-h", "-j", jobs["node2"], "-o", "%A"], capture_output=True, text=True)
+        subprocess.run(["scontrol", "update", "nodename=node2", "state=down", "reason=sweepscale test"], check=True)
+        # The node is back at once (its slurmd answers: ReturnToService=2), unlike a dead one: let
+        # the killed job's processes end there before it starts again ("already running" otherwise).
+        wait_for("the killed job's steps gone", lambda: not steps_of(raw.stdout.strip()))
+        start_now(jobs["node2"])
+        out, _ = proc.communicate(timeout=240)
+    finally:
+        proc.kill()  # a sweep that hangs must not outlive the test (nor its jobs)
+        subprocess.run(["scancel", *jobs.values()], capture_output=True, check=False)
+        subprocess.run(["scontrol", "update", "nodename=node2", "state=resume"], capture_output=True, check=False)
+    assert proc.returncode == 0, out
+    kids = only_sweep(mlflow_uri)
+    assert {r.info.status for r in runs(mlflow_uri)} == {"FINISHED"}, out  # the parent too: nothing RUNNING
+    by_job = {r.data.tags[metrics.TAG_SLURM_ARRAY]: r for r in kids.values()}
+    hit, spared = by_job[jobs["node2"]], by_job[jobs["node1"]]
+    assert hit.data.tags.get(metrics.TAG_RESTARTS) == "1" and metrics.TAG_RESUMED_FROM_EPOCH in hit.data.tags
+    assert metrics.TAG_RESTARTS not in spared.data.tags
+    for run in (hit, spared):  # every step once, none lost
+        steps = sorted(m.step for m in _history(mlflow_uri, run.info.run_id, metrics.TRAIN_LOSS))
+        assert steps == list(range(150 * 4))
+
+
+def _history(uri: str, run_id: str, key: str):
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(uri).get_metric_history(run_id, key)
