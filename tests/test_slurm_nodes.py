@@ -5,16 +5,24 @@ A point wider than a node spans two; a node going down takes only its own point 
 from __future__ import annotations
 
 import os
+import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
+from tests.conftest import ROOT
+from tests.test_docker import postgres_answers
 from tests.test_slurm_requeue import start_now, wait_for
 from tests.test_sweeper import FAST, SLURM, runs, slurm, slurm_answers, sweep
+from tests.test_tracking_server import free_port
 from tests.test_warm import only_sweep
-from trainer import checkpoint, metrics
+from trainer import checkpoint, metrics, tracking
+
+MLFLOW = str(Path(sys.executable).parent / "mlflow")
 
 pytestmark = pytest.mark.mpi
 
@@ -34,14 +42,41 @@ multinode = pytest.mark.skipif(
 )
 
 
+def controller_address() -> str:
+    """The address the nodes reach this machine at: the controller's (SlurmctldHost=name(addr))."""
+    config = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True).stdout
+    return re.search(r"SlurmctldHost\[0\]\s*=\s*[^(\s]+\(([^)]+)\)", config).group(1)
+
+
+@pytest.fixture
+def bridge_server(tmp_path):
+    """A tracking server on the real PostgreSQL, listening where the nodes reach it (a namespace's
+    127.0.0.1 is its own): scripts/tracking_up.sh as the README's cluster section runs it."""
+    if not postgres_answers():
+        pytest.skip("no PostgreSQL: CI starts one with scripts/tracking_up.sh")
+    host, port, base = controller_address(), str(free_port()), tmp_path / "server"
+    env = {**os.environ, "MLFLOW_HOST": host, "MLFLOW_PORT": port, "BASE": str(base), "MLFLOW": MLFLOW}
+    up = subprocess.run(["bash", str(ROOT / "scripts" / "tracking_up.sh")], env=env, capture_output=True, text=True)
+    assert up.returncode == 0, up.stdout + up.stderr
+    yield f"http://{host}:{port}"
+    pid = int((base / "mlflow-server.pid").read_text())
+    os.killpg(os.getpgid(pid), signal.SIGTERM)  # the server and its workers (setsid: their own group)
+
+
 @slurm
 @multinode
-def test_a_sweep_of_one_and_two_node_shapes_spans_the_nodes(tmp_path, mlflow_uri):
+def test_a_sweep_of_one_and_two_node_shapes_spans_the_nodes(tmp_path, bridge_server):
     """nproc=4 with 2 ranks a node runs on both nodes (world size 4, weights equal to the
-    sequential reference's); nproc=2 fits on one."""
-    result = sweep(["hidden=16", "nproc=2,4", "dtype=float64", *FAST, *MULTI], tmp_path)
+    sequential reference's); nproc=2 fits on one. Every rank logs to the tracking server."""
+    grid = ["hidden=16", "nproc=2,4", "dtype=float64", *FAST, *MULTI, f"mlflow.tracking_uri={bridge_server}"]
+    experiment = f"nodes-{time.time_ns()}"
+    result = sweep([*grid, f"mlflow.experiment={experiment}"], tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
-    kids = only_sweep(mlflow_uri)
+    client = tracking.client(bridge_server)
+    found = client.search_runs([client.get_experiment_by_name(experiment).experiment_id])
+    (parent,) = [r for r in found if "mlflow.parentRunId" not in r.data.tags]
+    assert parent.info.status == "FINISHED"
+    kids = {r.info.run_name: r for r in found if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id}
     assert {n: r.info.status for n, r in kids.items()} == {"nproc=2": "FINISHED", "nproc=4": "FINISHED"}
     wide, narrow = kids["nproc=4"].data, kids["nproc=2"].data
     assert wide.tags["sweepscale.hosts"] == "node1,node2" and wide.tags["sweepscale.world_size"] == "4"
