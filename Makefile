@@ -22,7 +22,7 @@ run: $(STAMP)
 ## The whole suite (what CI runs). GPU tests are skipped with a reason on machines without one.
 test: $(STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n 2 --dist loadgroup
 
 ## On a GPU machine: the GPU tests only.
 test-gpu: $(STAMP)

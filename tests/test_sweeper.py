@@ -216,9 +216,14 @@ def slurm_answers() -> bool:
         return False
 
 
-slurm = pytest.mark.skipif(
+_no_slurm = pytest.mark.skipif(
     not slurm_answers(), reason="no Slurm answers here (`sinfo` failed): CI starts one with scripts/slurm_up.sh"
 )
+
+
+def slurm(test):
+    """A test of the real Slurm (tests/conftest.py runs them one at a time: they share its nodes)."""
+    return pytest.mark.slurm(_no_slurm(test))
 SLURM = ["launcher=slurm", "launcher.timeout_min=10"]  # ranks per node: the partition's (2 CPUs)
 
 
