@@ -13,8 +13,10 @@ from rich.table import Table
 
 from trainer import metrics
 
-# Off a terminal (CI logs, files) rich would wrap at 80 columns: give tables room.
-console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
+# Off a terminal (CI logs, files) rich would wrap at 80 columns: give tables room, and leave a
+# message's line whole (a long folder would break it, and grep with it).
+_TTY = sys.stdout.isatty()
+console = Console(highlight=False, width=None if _TTY else 160, soft_wrap=not _TTY)
 STATES = ("queued", "running", "done", "failed", "skipped", "cancelled")
 
 

@@ -43,8 +43,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip_mpi)
         if "browser" in item.keywords and no_browser:
             item.add_marker(pytest.mark.skip(reason=no_browser))
-        if "slurm" in item.keywords:  # `make test` runs tests side by side (xdist): these share the cluster's nodes
-            item.add_marker(pytest.mark.xdist_group("slurm"))
+        if "slurm" in item.keywords or "postgres" in item.keywords:
+            # `make test` runs tests side by side (xdist); these share the cluster's nodes or the database
+            item.add_marker(pytest.mark.xdist_group("services"))
 
 
 @pytest.fixture(params=["numpy", pytest.param("cupy", marks=pytest.mark.gpu)])

@@ -60,19 +60,26 @@ def postgres_answers() -> bool:
     return subprocess.run(["psql", DATABASE, "-Atc", "select 1"], capture_output=True).returncode == 0
 
 
+@pytest.mark.postgres
 @pytest.mark.skipif(not postgres_answers(), reason="no PostgreSQL: CI starts one with scripts/tracking_up.sh")
 def test_the_compose_tracking_command_serves_runs_and_artifacts(tmp_path):
     """The mlflow service's command as compose runs it, the container's names swapped for this
     machine's (postgres -> 127.0.0.1, /artifacts -> a folder, its port -> a free one)."""
     port = free_port()
-    command = [interpolate(str(arg)) for arg in compose()["services"]["mlflow"]["command"]]
+    service = compose()["services"]["mlflow"]
+    command = [interpolate(str(arg)) for arg in service["command"]]
+    env = {**os.environ, **{k: interpolate(str(v)) for k, v in service.get("environment", {}).items()}}
     here = {"--host": "127.0.0.1", "--port": str(port), "--artifacts-destination": str(tmp_path / "artifacts")}
     args = [f"{a.split('=')[0]}={here[a.split('=')[0]]}" if a.split("=")[0] in here else a for a in command]
     args = [a.replace("@postgres:5432/", "@127.0.0.1:5432/") for a in args]
     assert args[:2] == ["mlflow", "server"] and any(a.startswith("--backend-store-uri=postgresql") for a in args)
     log = (tmp_path / "server.log").open("w")
     server = subprocess.Popen(
-        [sys.executable, "-m", "mlflow", *args[1:]], stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        [sys.executable, "-m", "mlflow", *args[1:]],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
     )
     url = f"http://127.0.0.1:{port}"
     try:

@@ -28,6 +28,7 @@ def server_answers() -> bool:
 
 pytestmark = [
     pytest.mark.mpi,
+    pytest.mark.postgres,
     pytest.mark.skipif(
         not server_answers(), reason=f"no tracking server at {SERVER}: CI starts one with scripts/tracking_up.sh"
     ),

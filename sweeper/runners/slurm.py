@@ -177,7 +177,10 @@ class SlurmRunner:
         ``at_once`` of them running at a time."""
         import submitit  # heavy: only once there is something to submit
 
+        from sweeper.runners.slurm_job import SlurmJob
+
         executor = submitit.SlurmExecutor(folder=str(self.folder / "%j"))
+        executor.job_class = SlurmJob  # a requeued job (a node failed) is watched on
         executor.update_parameters(**self.parameters(shape, n_points, at_once))
         with executor.batch():
             jobs = [executor.submit(fn, *args) for fn, *args in calls]
