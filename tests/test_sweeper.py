@@ -297,9 +297,9 @@ def test_slurm_scancel_ends_killed_and_sweep_reports(tmp_path, mlflow_uri):
     subprocess.run(["scancel", job_id], check=True)
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 1, out
-    assert "sweep summary" in out and "KILLED" in out
     (kid,) = [r for r in runs(mlflow_uri) if "mlflow.parentRunId" in r.data.tags]
-    assert kid.info.status == "KILLED"
+    assert kid.info.status == "KILLED", (kid.data.tags.get(metrics.TAG_ERROR), out[-4000:])
+    assert "sweep summary" in out and "KILLED" in out, out[-4000:]
 
 
 @slurm

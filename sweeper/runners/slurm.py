@@ -180,13 +180,14 @@ class SlurmRunner:
         from sweeper.runners.slurm_job import SlurmJob
 
         executor = submitit.SlurmExecutor(folder=str(self.folder / "%j"))
-        executor.job_class = SlurmJob  # a requeued job (a node failed) is watched on
         executor.update_parameters(**self.parameters(shape, n_points, at_once))
         with executor.batch():
             jobs = [executor.submit(fn, *args) for fn, *args in calls]
-        for job in jobs:  # submitit waits this long, per task and call, for the result a killed job never writes
+        for job in jobs:
             for task in [job, *job._sub_jobs]:
-                task._results_timeout_s = RESULT_WAIT_S
+                # submitit makes array tasks of its own class, whatever the executor's job_class says
+                task.__class__ = SlurmJob  # a job requeued after its node failed is watched on
+                task._results_timeout_s = RESULT_WAIT_S  # submitit's wait for the result a killed job never writes
         self.submitted += [job.job_id for job in jobs]
         self.jobs.update({job.job_id: job for job in jobs})
         return jobs
