@@ -11,11 +11,19 @@ from trainer import metrics
 
 
 def collect(
-    record: SweepRecord, sweep_id: str, points: list[Point], done_before: dict[str, str], flight: Flight
+    record: SweepRecord,
+    sweep_id: str,
+    points: list[Point],
+    done_before: dict[str, str],
+    flight: Flight,
+    earlier: dict[int, str] | None = None,
 ) -> list[display.Outcome]:
     """One outcome per point, in the sweep's order; ``done_before`` maps skipped points' hashes
-    to their FINISHED runs. A run a job left RUNNING is ended here, KILLED or FAILED."""
+    to their FINISHED runs, ``earlier`` watched points' indices to their runs (an earlier sweep's
+    children). A run a job left RUNNING is ended here, KILLED or FAILED."""
     children = record.children(sweep_id)
+    for index, run_id in (earlier or {}).items():
+        children[next(p.name for p in points if p.index == index)] = record.client.get_run(run_id)
     outcomes = []
     for p in points:
         if p.config_hash in done_before:

@@ -22,6 +22,7 @@ from sweeper.point_files import prepare
 from sweeper.points import Point
 from sweeper.records import SweepRecord, absolute_uri
 from sweeper.runners.base import Runner, make_runner
+from sweeper.runners.earlier import EarlierJob
 from sweeper.runners.warm import withdraw_unclaimed
 from sweeper.watch import watch
 from trainer import data, journal, limits, metrics, provenance, tracking, uri_check
@@ -54,17 +55,25 @@ def run_sweep(base: DictConfig, points: list[Point], sweep_dir: Path, overrides:
             display.console.print(f"sweep {folder}: its sweeper is gone; its runs left RUNNING are now KILLED")
             if going_on:  # its live jobs end after the points they train: this sweep runs the rest
                 withdraw_unclaimed(Path(folder))
-        done_before = resume(record, points, opts.force, going_on)
-        todo = [p for p in points if p.config_hash not in done_before]
+        done_before = resume(record, points, opts.force)
+        earlier = {
+            p.index: (p, EarlierJob(record.client, *going_on[p.config_hash], runner.live))
+            for p in points
+            if p.config_hash in going_on and p.config_hash not in done_before
+        }
+        for p, job in earlier.values():
+            display.console.print(f"watch {p.name}: run {job.run_id} goes on in job {job.job_id} of an earlier sweep")
+        todo = [p for p in points if p.config_hash not in done_before and p.index not in earlier]
 
-        parent_id = start_parent(record, runner, sweep_id, points, done_before, sweep_dir, overrides)
+        reused = {**done_before, **{p.config_hash: job.run_id for p, job in earlier.values()}}
+        parent_id = start_parent(record, runner, sweep_id, points, reused, sweep_dir, overrides)
         display.console.print(
             f"sweep {sweep_id}: {len(todo)} point(s) to run, MLflow parent run {parent_id}, folder {sweep_dir}"
         )
         for p in todo:
             prepare(p, uri, experiment, parent_id, sweep_id, runner.checkpoints)
 
-        flight = watch(runner, todo, len(points), len(points) - len(todo), opts.poll_s)
+        flight = watch(runner, todo, len(points), len(done_before), opts.poll_s, earlier)
     except BaseException as e:  # e.g. the store refused the parent, sbatch refused a job
         runner.stop()  # the workers waiting for points end
         if record is not None:
@@ -76,7 +85,7 @@ def run_sweep(base: DictConfig, points: list[Point], sweep_dir: Path, overrides:
     if flight.interrupted:
         record.kill_running(sweep_id)  # runs whose trainer could not say so
 
-    outcomes = collect(record, sweep_id, points, done_before, flight)
+    outcomes = collect(record, sweep_id, points, done_before, flight, {i: j.run_id for i, (_p, j) in earlier.items()})
     add_jobs(runner, outcomes)
     display.summary(outcomes)
     ok = all(o.status in ("FINISHED", "SKIPPED") for o in outcomes)
@@ -131,19 +140,12 @@ def preview(points: list[Point], scripts: dict[str, str]) -> None:
     display.preview(rows, scripts)
 
 
-def resume(
-    record: SweepRecord, points: list[Point], force: bool, going_on: dict[str, tuple[str, str]]
-) -> dict[str, str]:
-    """config hash -> the run a point reuses: a FINISHED one (none with --force), or one an earlier
-    sweep's job still trains (its sweeper gone: ``going_on``), which must not run twice."""
+def resume(record: SweepRecord, points: list[Point], force: bool) -> dict[str, str]:
+    """config hash -> the FINISHED run a point reuses (none with --force)."""
     finished = {} if force else record.finished_hashes()
     done_before = {}
     for p in points:
-        if p.config_hash in going_on:
-            run_id, job = going_on[p.config_hash]
-            done_before[p.config_hash] = run_id
-            display.console.print(f"skip {p.name}: run {run_id} goes on in job {job} of an earlier sweep")
-        elif p.config_hash in finished:
+        if p.config_hash in finished:
             done_before[p.config_hash] = finished[p.config_hash]
             display.console.print(
                 f"skip {p.name}: FINISHED run {done_before[p.config_hash]} has the same config (--force reruns)"

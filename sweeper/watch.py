@@ -27,11 +27,15 @@ class Flight:
     finished: dict[int, BaseException | None] = field(default_factory=dict)  # index -> the job's error
     logs: dict[int, str] = field(default_factory=dict)  # index -> the job's stderr, linked in its folder
     interrupted: bool = False
+    earlier: set[int] = field(default_factory=set)  # points an earlier sweep's job trains: not the runner's
 
 
-def watch(runner: Runner, todo: list[Point], total: int, skipped: int, poll_s: float) -> Flight:
-    """Run ``todo`` to its end (or to an interrupt); ``total`` and ``skipped`` are for the counts."""
-    flight = Flight(list(todo))
+def watch(
+    runner: Runner, todo: list[Point], total: int, skipped: int, poll_s: float, earlier: dict | None = None
+) -> Flight:
+    """Run ``todo`` to its end (or to an interrupt), and watch ``earlier`` (index -> (point, job)
+    an earlier sweep left running) to theirs; ``total`` and ``skipped`` are for the counts."""
+    flight = Flight(list(todo), running=dict(earlier or {}), earlier=set(earlier or {}))
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         with display.Progress(total) as progress:
@@ -69,7 +73,8 @@ def step(runner: Runner, flight: Flight) -> None:
     for index, (_p, job) in list(flight.running.items()):
         if job.done():
             flight.finished[index] = job.exception()
-            runner.release(job)
+            if index not in flight.earlier:
+                runner.release(job)
             del flight.running[index]
 
 

@@ -122,7 +122,8 @@ def test_the_segment_a_killed_step_leaves_is_the_one_the_wrapper_removes(tmp_pat
 @slurm
 def test_a_live_job_of_a_killed_sweeper_is_not_submitted_twice(tmp_path, mlflow_uri):
     """The sweeper SIGKILLed, its Slurm job trains on: the same sweep again leaves that point to the
-    job (no second run), withdraws the job's unclaimed points and runs them itself."""
+    job (no second run) and watches it to its end, withdraws the job's unclaimed points and runs
+    them itself."""
     runs(mlflow_uri)  # create the store first: polling must not race the sweeper's schema set-up
     grid = ["epochs=1000,2", "hidden=8", "batch_size=50", "data.n_train=200", "data.n_test=50", *SLURM]
     cmd = [sys.executable, "-m", "sweeper", "-m", *grid]
@@ -135,7 +136,9 @@ def test_a_live_job_of_a_killed_sweeper_is_not_submitted_twice(tmp_path, mlflow_
     try:
         again = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=240)
         assert again.returncode == 0, again.stdout + again.stderr
-        assert f"skip epochs=1000: run {long_run.info.run_id} goes on in job {job}" in again.stdout
+        assert f"watch epochs=1000: run {long_run.info.run_id} goes on in job {job}" in again.stdout
+        rows = [line for line in again.stdout.splitlines() if line.startswith("│ epochs=")]
+        assert len(rows) == 2 and all("FINISHED" in row for row in rows), again.stdout  # waited for, not skipped
         wait_for(f"job {job} to end", lambda: not job_state(job), timeout=180)
     finally:
         subprocess.run(["scancel", job], capture_output=True, check=False)
