@@ -27,5 +27,8 @@ for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         fields = row.split()
         if fields[3] == "0A" and fields[9] in mine:  # state LISTEN, one of this rank's sockets
             listening.append(fields[1].split(":")[0])
-print("listening", MPI.COMM_WORLD.rank, " ".join(sorted(listening)), flush=True)
+# Rank 0 prints every rank's line: lines of two ranks interleave on mpiexec's shared stdout.
+rows = MPI.COMM_WORLD.gather(f"listening {MPI.COMM_WORLD.rank} {' '.join(sorted(listening))}")
+if MPI.COMM_WORLD.rank == 0:
+    print("\n".join(rows), flush=True)
 MPI.COMM_WORLD.Barrier()
