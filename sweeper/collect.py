@@ -16,14 +16,13 @@ def collect(
     points: list[Point],
     done_before: dict[str, str],
     flight: Flight,
-    earlier: dict[int, str] | None = None,
+    earlier: dict[str, str] | None = None,
 ) -> list[display.Outcome]:
     """One outcome per point, in the sweep's order; ``done_before`` maps skipped points' hashes
-    to their FINISHED runs, ``earlier`` watched points' indices to their runs (an earlier sweep's
+    to their FINISHED runs, ``earlier`` watched points' names to their runs (an earlier sweep's
     children). A run a job left RUNNING is ended here, KILLED or FAILED."""
     children = record.children(sweep_id)
-    for index, run_id in (earlier or {}).items():
-        children[next(p.name for p in points if p.index == index)] = record.client.get_run(run_id)
+    children.update({name: record.client.get_run(run_id) for name, run_id in (earlier or {}).items()})
     outcomes = []
     for p in points:
         if p.config_hash in done_before:

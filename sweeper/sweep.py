@@ -85,7 +85,7 @@ def run_sweep(base: DictConfig, points: list[Point], sweep_dir: Path, overrides:
     if flight.interrupted:
         record.kill_running(sweep_id)  # runs whose trainer could not say so
 
-    outcomes = collect(record, sweep_id, points, done_before, flight, {i: j.run_id for i, (_p, j) in earlier.items()})
+    outcomes = collect(record, sweep_id, points, done_before, flight, {p.name: j.run_id for p, j in earlier.values()})
     add_jobs(runner, outcomes)
     display.summary(outcomes)
     ok = all(o.status in ("FINISHED", "SKIPPED") for o in outcomes)

@@ -224,6 +224,8 @@ _no_slurm = pytest.mark.skipif(
 def slurm(test):
     """A test of the real Slurm (tests/conftest.py runs them one at a time: they share its nodes)."""
     return pytest.mark.slurm(_no_slurm(test))
+
+
 SLURM = ["launcher=slurm", "launcher.timeout_min=10"]  # ranks per node: the partition's (2 CPUs)
 
 
