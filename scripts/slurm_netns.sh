@@ -28,6 +28,9 @@ netns_up() { # netns_up N: the bridge and N namespaces, each with lo and one vet
     ip -n "$ns" link set "ss-n$k" up
     ip -n "$ns" route add default via "$NETNS_HOST"  # srun and the controller answer from the host's side
   done
+  # Node names resolve as on a cluster's DNS (an MPI's own launcher, MPICH's Hydra, connects by name).
+  sed -i '/# sweepscale-netns$/d' /etc/hosts
+  for k in $(seq "$n"); do echo "$(netns_addr "$k") node$k # sweepscale-netns" >> /etc/hosts; done
 }
 
 netns_slurmd() { # netns_slurmd K: start node K's slurmd in its namespaces (it daemonizes there)
@@ -35,8 +38,9 @@ netns_slurmd() { # netns_slurmd K: start node K's slurmd in its namespaces (it d
   nsenter --net="/run/netns/ss-node$1" unshare --uts sh -c "hostname node$1 && exec /usr/sbin/slurmd"
 }
 
-netns_down() { # every namespace node's network, and the bridge
+netns_down() { # every namespace node's network, its names, and the bridge
   local ns
+  sed -i '/# sweepscale-netns$/d' /etc/hosts 2>/dev/null || true
   for ns in $(ip netns list | awk '/^ss-node[0-9]+/ {print $1}'); do ip netns del "$ns"; done
   ip link del "$NETNS_BRIDGE" 2>/dev/null || true
 }

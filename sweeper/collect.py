@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from sweeper import display
-from sweeper.point_files import last_lines, link_rank_logs
+from sweeper import display, job_end
+from sweeper.point_files import link_rank_logs
 from sweeper.points import Point
 from sweeper.records import SweepRecord
 from sweeper.watch import Flight
@@ -44,19 +44,16 @@ def collect(
             status = run.info.status if run is not None else "FAILED"
             if run is None and "CANCELLED" in str(error):  # its worker's allocation was cancelled first
                 status = "KILLED"
+            why = "\n".join(part for part in (job_end.one_line(error), job_end.cause(log)) if part)
             if status == "RUNNING":  # the job ended before its trainer could end the run: say how
                 status = "KILLED" if "CANCELLED" in str(error) else "FAILED"
-                record.client.set_tag(run.info.run_id, metrics.TAG_ERROR, f"{error}"[-5000:])
+                record.client.set_tag(run.info.run_id, metrics.TAG_ERROR, why[-5000:])
                 record.client.set_terminated(run.info.run_id, status)
                 run = record.client.get_run(run.info.run_id)
             if error is not None and status == "FINISHED":
                 status = "FAILED"
             text = ""
             if status != "FINISHED":
-                text = (
-                    (run.data.tags.get(metrics.TAG_ERROR, "") if run is not None else "")
-                    or last_lines(log)
-                    or str(error)
-                )
+                text = (run.data.tags.get(metrics.TAG_ERROR, "") if run is not None else "") or why
             outcomes.append(display.Outcome(p.name, status, run, text, log))
     return outcomes

@@ -8,6 +8,7 @@ ill-typed values against these dataclasses. Each launcher config names its runne
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
@@ -40,6 +41,15 @@ class LocalLauncherConfig(LauncherConfig):
     cpus: int | None = None
 
 
+class Pmi(str, Enum):
+    """How a Slurm point's ranks start (sweeper/runners/bootstrap.py)."""
+
+    auto = "auto"  # the pair that fits the MPI mpi4py loads and the plugins srun offers
+    pmi2 = "pmi2"  # each Slurm task a rank: srun --mpi=pmi2 (MPICH, the mpich extra)
+    pmix = "pmix"  # srun --mpi=pmix (Open MPI, with Slurm's pmix plugin)
+    mpiexec = "mpiexec"  # the MPI's own mpiexec inside the allocation (no srun PMI needed)
+
+
 @dataclass
 class SlurmLauncherConfig(LauncherConfig):
     """submitit's Slurm executor: one job array per resource shape, one task per MPI rank."""
@@ -54,7 +64,7 @@ class SlurmLauncherConfig(LauncherConfig):
     ranks_per_node: int | None = None  # null: one per GPU, or per cpus_per_task of a node's CPUs
     max_nodes: int | None = None  # null: the partition's nodes
     cpus_per_task: int = 1
-    pmi: str = "pmi2"  # srun --mpi=...: pmi2 with the mpich wheel, pmix with Open MPI
+    pmi: Pmi = Pmi.auto  # how ranks start: srun --mpi=pmi2 or pmix, or mpiexec in the allocation
     array_parallelism: int = 16
     points_per_job: int = 8  # warm: points one allocation serves (a job array of such chunks)
     max_requeues: int = 3  # a job warned of its time limit checkpoints and requeues itself this often

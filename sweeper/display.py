@@ -49,14 +49,15 @@ class Progress:
 
 
 def preview(rows: list[tuple[str, int, str, str]], sbatch: dict[str, str]) -> None:
+    """The points and their resources, then what would be submitted, under its titles."""
     table = Table(title="sweep preview: nothing submitted")
     for col in ("#", "point", "nproc", "resources"):
         table.add_column(col)
     for name, nproc, resources, index in rows:
         table.add_row(index, name, str(nproc), resources)
     console.print(table)
-    for shape, text in sbatch.items():
-        console.print(f"[bold]job array for {shape}[/bold]\n{text}")
+    for title, text in sbatch.items():
+        console.print(f"[bold]{title}[/bold]\n{text}")
 
 
 @dataclass
@@ -95,7 +96,8 @@ def summary(outcomes: list[Outcome]) -> None:
     console.print(table)
     for o in outcomes:
         if o.error or (o.status not in ("FINISHED", "SKIPPED") and o.log):
-            console.print(f"[red]{o.name}[/red] {o.status}: {o.error.strip()}\n  log: {o.log}")
+            why = "\n  ".join(o.error.strip().splitlines())
+            console.print(f"[red]{o.name}[/red] {o.status}: {why}" + (f"\n  log: {o.log}" if o.log else ""))
 
 
 def mlflow_ui_command(uri: str) -> str:

@@ -77,12 +77,3 @@ def link_rank_logs(point: Point, log: str) -> None:
             link = point.dir / f"{name}.rank{rank}.log"
             if target != first and target.exists() and not link.is_symlink():
                 link.symlink_to(target)
-
-
-def last_lines(path: str, n: int = 5) -> str:
-    """The last lines the trainer wrote to the job's stderr (before submitit's own report)."""
-    try:
-        text = Path(path).read_text(errors="replace")
-    except OSError:
-        return ""
-    return "\n".join(text.split("submitit ERROR")[0].strip().splitlines()[-n:])

@@ -33,18 +33,21 @@ class PointCancelledError(PointFailedError):
 TERMINATED = (143, -15)  # 128 + SIGTERM as the trainer returns it; -15 when the signal ended it
 
 
-def run_point(config_dir: str, env: dict[str, str]) -> int:
-    """A cold point's job body (every Slurm task runs it): start the trainer, pass signals on."""
+def run_point(config_dir: str, env: dict[str, str], launch: list[str] | None = None) -> int:
+    """A cold point's job body (every Slurm task runs it): start the trainer, pass signals on.
+    ``launch``: the command that starts the ranks (mpiexec inside a Slurm allocation), if any."""
     cmd = [sys.executable, "-m", "trainer", "--config-dir", config_dir, "--config-name", POINT_CONFIG]
-    return _run(cmd, env, "trainer", f"config {config_dir}/{POINT_CONFIG}.yaml")
+    return _run([*(launch or []), *cmd], env, "trainer", f"config {config_dir}/{POINT_CONFIG}.yaml")
 
 
-def run_worker(queue: str, name: str, nproc: int, mpiexec: str | None, env: dict[str, str]) -> int:
+def run_worker(
+    queue: str, name: str, nproc: int, mpiexec: str | None, env: dict[str, str], launch: list[str] | None = None
+) -> int:
     """A warm worker's job body (every Slurm task runs it): serve the queue's points (trainer/worker.py)."""
     cmd = [sys.executable, "-m", "trainer.worker", queue, "--name", name, "--nproc", str(nproc)]
     if mpiexec:
         cmd += ["--mpiexec", mpiexec]
-    return _run(cmd, env, f"worker {name}", f"queue {queue}")
+    return _run([*(launch or []), *cmd], env, f"worker {name}", f"queue {queue}")
 
 
 def _run(cmd: list[str], env: dict[str, str], who: str, where: str) -> int:

@@ -39,9 +39,13 @@ class Point:
         return int(self.trainer.nproc)
 
 
+# Overrides that say how and where a sweep runs, never what a point computes: no part of its name.
+NOT_NAMES = ("sweep.", "launcher", "hydra", "mlflow.", "mpi.", "paths.")
+
+
 def labels(job_overrides: list[list[str]]) -> list[str]:
-    """Name each point by the overrides that vary across the sweep (all but sweep.* if none vary)."""
-    own = [[o for o in ovs if not o.startswith("sweep.")] for ovs in job_overrides]
+    """Name each point by the trainer overrides that vary across the sweep (all of them if none vary)."""
+    own = [[o for o in ovs if not o.lstrip("+~").startswith(NOT_NAMES)] for ovs in job_overrides]
     varying = {o.split("=", 1)[0] for ovs in own for o in ovs if any(o not in other for other in own)}
     chosen = [[o for o in ovs if o.split("=", 1)[0] in varying] or ovs for ovs in own]
     return [",".join(c) or "defaults" for c in chosen]

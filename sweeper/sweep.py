@@ -21,7 +21,7 @@ from sweeper.plan import plan
 from sweeper.point_files import prepare
 from sweeper.points import Point
 from sweeper.records import SweepRecord, absolute_uri
-from sweeper.runners.base import Runner, make_runner
+from sweeper.runners.base import Runner, SchedulerAwayError, make_runner
 from sweeper.runners.earlier import EarlierJob
 from sweeper.runners.warm import withdraw_unclaimed
 from sweeper.watch import watch
@@ -38,11 +38,17 @@ def run_sweep(base: DictConfig, points: list[Point], sweep_dir: Path, overrides:
     groups = plan(points, runner)  # every check before anything is submitted or recorded
     points, groups = distinct(points, groups)
     check_data(points)
-    runner.check(points)
+    unchecked = ""
+    try:
+        runner.check(points)
+    except SchedulerAwayError as e:  # a preview needs no cluster: it says what it could not check
+        if not opts.dry_run:
+            raise
+        unchecked = str(e)
     uri = absolute_uri(tracking.tracking_uri(base.mlflow.tracking_uri))
     uri_check.check_uri(uri)
     if opts.dry_run:
-        preview(points, runner.preview(groups))
+        preview(points, runner.preview(groups), unchecked)
         return 0
 
     runner.prestart(points)  # warm workers start up while MLflow is imported and the parent recorded
@@ -134,10 +140,17 @@ def check_data(points: list[Point]) -> None:
             limits.check_folders(p.trainer)
 
 
-def preview(points: list[Point], scripts: dict[str, str]) -> None:
-    """The dry run's table of points and resources, and what the runner would submit."""
+def preview(points: list[Point], scripts: dict[str, str], unchecked: str = "") -> None:
+    """The dry run's table of points and resources, what the runner would submit, and what could not
+    be checked here (the scheduler does not answer)."""
     rows = [(p.name, p.nproc, p.shape.describe(), str(p.index)) for p in points]
     display.preview(rows, scripts)
+    if unchecked:
+        display.console.print(
+            f"[yellow]not checked:[/yellow] {unchecked}. The partition's limits are unknown here: what the "
+            "launcher keys leave null is assumed (a point's ranks on one node, one GPU each unless device=cpu; "
+            "set launcher.gpus_per_node, ranks_per_node, max_nodes to preview others)."
+        )
 
 
 def resume(record: SweepRecord, points: list[Point], force: bool) -> dict[str, str]:

@@ -155,11 +155,12 @@ def test_gemm_products(overrides, x_levels, products):
     assert gemm_products(gemm_mode(cfg), cfg.dtype.value, x_levels) == products
 
 
-def test_conventions_default_to_fan_in_on_unit_pixels():
+def test_conventions_default_to_the_courses():
     cfg = compose([])
-    assert cfg.model.init.value == "fan_in" and cfg.data.scale.value == "unit"
-    cfg = compose(["model.init=course", "data.scale=byte"])
     assert cfg.model.init.value == "course" and cfg.data.scale.value == "byte"
+    assert (cfg.hidden, cfg.batch_size, cfg.lr, cfg.reg) == (512, 3200, 0.1, 1e-4)
+    cfg = compose(["model.init=fan_in", "data.scale=unit"])
+    assert cfg.model.init.value == "fan_in" and cfg.data.scale.value == "unit"
 
 
 @pytest.mark.parametrize(
@@ -179,18 +180,74 @@ def test_unknown_convention_is_rejected_by_hydra_naming_the_key(override: str, m
 def test_conventions_change_the_config_hash_and_the_reference_key():
     """A resumed sweep must not take a fan_in run for a course one, nor the CPU reference of one for
     the other's: model.init and data.scale are in the config hash and in the reference cache key."""
-    conventions = [[], ["model.init=course"], ["data.scale=byte"], ["model.init=course", "data.scale=byte"]]
+    conventions = [[], ["model.init=fan_in"], ["data.scale=unit"], ["model.init=fan_in", "data.scale=unit"]]
     hashes = {config_hash(compose(c)) for c in conventions}
     assert len(hashes) == len(conventions)
-    assert config_hash(compose(["model.init=fan_in", "data.scale=unit"])) == config_hash(compose([]))
+    assert config_hash(compose(["model.init=course", "data.scale=byte"])) == config_hash(compose([]))
 
     layout, schedule = model.Layout(D=784, H=512), schedule_of(compose([]))
 
-    def key(init: str, scale: str) -> str:
-        return reference.cache_key(layout, schedule, "float32", 0, "fingerprint", init=init, scale=scale)
+    def key(init: str, scale: str, steps: int = 10) -> str:
+        return reference.cache_key(layout, schedule, "float32", 0, "fingerprint", init=init, scale=scale, steps=steps)
 
     keys = {key(i, s) for i in ("fan_in", "course") for s in ("unit", "byte")}
     assert len(keys) == 4 and key("course", "byte") == key("course", "byte")
+    assert key("course", "byte", 11) != key("course", "byte")  # the steps compared are part of the key
+
+
+# Recorded from this version (2026-11-25): resume skips the points a sweep of this version finished.
+DEFAULT_HASH = "c9ce672806fd"
+MNIST_1024_HASH = "38ad93ddab29"  # hidden=1024 data.dir=/data/mnist
+
+
+def test_the_config_hash_is_the_recorded_one():
+    assert config_hash(compose([])) == DEFAULT_HASH
+    assert config_hash(compose(["hidden=1024", "data.dir=/data/mnist"])) == MNIST_1024_HASH
+
+
+@pytest.mark.parametrize(
+    "override",
+    [
+        "gpu.profile=true",  # NVTX ranges
+        "save.weights=true",  # artifacts
+        "check.divergence=go_on",  # how a diverged run ends
+        "check.cache_dir=/elsewhere",
+        "save.checkpoint_dir=/elsewhere",
+        "mlflow.experiment=other",
+        "mpi.mpiexec=/usr/bin/mpiexec",
+        "paths.mnist=/elsewhere",
+    ],
+)
+def test_a_key_that_does_not_change_results_keeps_the_hash(override):
+    assert config_hash(compose([override])) == DEFAULT_HASH
+
+
+def test_a_key_added_to_the_config_keeps_every_hash():
+    """A key a later version adds (here: added to this version's config, as plain data) is not in the identity."""
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.create(OmegaConf.to_container(compose([]), resolve=True, enum_to_str=True))
+    cfg.check.report_every = 5
+    cfg.newgroup = {"knob": 1}
+    assert config_hash(cfg) == DEFAULT_HASH
+
+
+@pytest.mark.parametrize(
+    "override",
+    ["hidden=1024", "lr=0.2", "epochs=3", "nproc=2", "dtype=float64", "model.init=fan_in", "data.scale=unit",
+     "data.n_train=100", "gpu.gemm=sgemm", "check.steps=all", "check.reference=false", "seed=1"],
+)  # fmt: skip
+def test_a_key_that_changes_results_changes_the_hash(override):
+    assert config_hash(compose([override])) != DEFAULT_HASH
+
+
+@pytest.mark.parametrize("value", ["0", "-3", "abc", "false", "1.5"])
+def test_check_steps_takes_a_count_or_all(value):
+    said = re.compile(re.escape(f"check.steps={value}: compare the weights after"), re.IGNORECASE)  # False, as parsed
+    with pytest.raises(ConfigError, match=said):
+        validate(compose([f"check.steps={value}"]))
+    validate(compose(["check.steps=all"]))
+    validate(compose(["check.steps=3"]))
 
 
 @pytest.mark.parametrize(

@@ -45,7 +45,9 @@ def golden_preview() -> tuple[str, dict]:
     runner = make_runner(cfg.launcher, Path("/unused"), "sweepscale-golden")
     shape = Shape(nodes=2, tasks_per_node=4, gpus_per_task=1)
     groups = {shape: [None, None, None]}  # three points of one shape: one array of two chunks
-    (text,) = runner.preview(groups).values()
+    scripts = runner.preview(groups)
+    assert scripts.pop("how the ranks start") == "launcher.pmi=pmix as configured"
+    (text,) = scripts.values()
     return text, runner.parameters(shape, 2)
 
 

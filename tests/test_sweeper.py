@@ -57,6 +57,7 @@ def test_labels_name_points_by_what_varies():
     points = [["hidden=512", "nproc=1", "epochs=2"], ["hidden=512", "nproc=2", "epochs=2"]]
     assert labels(points) == ["nproc=1", "nproc=2"]
     assert labels([["epochs=2", "sweep.force=true"]]) == ["epochs=2"]
+    assert labels([["hidden=16", "launcher=slurm", "launcher.pmi=mpiexec", "+mlflow.tags.a=b"]]) == ["hidden=16"]
 
 
 def test_slurm_shape_spreads_ranks_over_nodes():

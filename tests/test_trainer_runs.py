@@ -49,8 +49,12 @@ def final_weights(client, run) -> np.ndarray:
 
 
 # 57 samples in batches of 7: eight full batches and a last one of a single sample, so with
-# 2 or 3 ranks the splits are uneven and some ranks get no sample of the last batch.
-COMMON = ["dtype=float64", "batch_size=7", "data.n_train=57", "epochs=2", "lr=0.3", "hidden=16", "save.weights=true"]
+# 2 or 3 ranks the splits are uneven and some ranks get no sample of the last batch. Pixels in
+# [0, 1] and fan-in weights, the CPU check after the whole run.
+COMMON = [
+    *("dtype=float64", "batch_size=7", "data.n_train=57", "epochs=2", "lr=0.3", "hidden=16", "save.weights=true"),
+    *("model.init=fan_in", "data.scale=unit", "check.steps=all"),
+]
 
 
 @pytest.mark.parametrize(("nproc", "shuffle"), [(1, False), (2, False), (3, False), (3, True)])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import platform
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,6 +19,11 @@ class Backend:
     device_name: str
     versions: dict[str, str] = field(default_factory=dict)
     n_devices: int = 0  # GPUs visible to this process
+    device_index: str = ""  # the machine's number of this rank's GPU (CUDA_VISIBLE_DEVICES maps it)
+
+    def describe(self) -> str:
+        """This rank's device as a run records it: ``gpu3 (NVIDIA H100 80GB HBM3)`` or ``cpu``."""
+        return f"gpu{self.device_index} ({self.device_name})" if self.kind == "gpu" else "cpu"
 
     def to_host(self, a: Any) -> np.ndarray:
         return a.get() if self.kind == "gpu" else np.asarray(a)
@@ -45,8 +51,9 @@ def select(device: str, local_rank: int) -> Backend:
         return Backend(np, "cpu", platform.processor() or platform.machine(), {"numpy": np.__version__})
     import cupy
 
-    dev = cupy.cuda.Device(local_rank % n_gpus)
+    dev = cupy.cuda.Device(local_rank % n_gpus)  # one GPU per rank of a node, as Slurm or the runner lists them
     dev.use()
+    visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
     props = cupy.cuda.runtime.getDeviceProperties(dev.id)
     name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
     versions = {
@@ -55,7 +62,7 @@ def select(device: str, local_rank: int) -> Backend:
         "cuda_runtime": str(cupy.cuda.runtime.runtimeGetVersion()),
         "cuda_driver": str(cupy.cuda.runtime.driverGetVersion()),
     }
-    return Backend(cupy, "gpu", name, versions, n_gpus)
+    return Backend(cupy, "gpu", name, versions, n_gpus, visible[dev.id] if dev.id < len(visible) else str(dev.id))
 
 
 def pinned(a: np.ndarray) -> Any:

@@ -4,17 +4,18 @@ Rank 0 writes ``checkpoint.npz`` in ``save.checkpoint_dir`` after every epoch, a
 temporary file, then a rename), before it logs the epoch's metrics: a process killed at any
 moment leaves either the previous checkpoint or this one, never half of one. It holds the flat
 weights, the epochs and global steps done, the MLflow run's id, the key of the config that
-computes them, and the last epoch's result, which a resumed run logs again if the store never got
-it. No random state is kept because none evolves: the initial weights and each epoch's shuffle are
-drawn from ``seed`` alone (model.init_params, loop.epoch_order), so epoch k+1 from a checkpoint
-of epoch k updates exactly as the uninterrupted run does.
+computes them, the last epoch's result, which a resumed run logs again if the store never got
+it, and the weights the CPU check compares once they were taken (trainer/check.py). No random
+state is kept because none evolves: the initial weights and each epoch's shuffle are drawn from
+``seed`` alone (model.init_params, loop.epoch_order), so epoch k+1 from a checkpoint of epoch k
+updates exactly as the uninterrupted run does.
 """
 
 from __future__ import annotations
 
 import os
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,7 @@ class Checkpoint:
     batch_sizes: np.ndarray
     seconds: float
     precision: float  # NaN without a test set
+    snapshot: np.ndarray = field(default_factory=lambda: np.zeros(0))  # the weights the CPU check compares, once taken
 
 
 def resume_key(cfg: Any) -> str:
@@ -82,6 +84,7 @@ def load(folder: str | os.PathLike | None, key: str) -> Checkpoint | None:
         batch_sizes=fields["batch_sizes"],
         seconds=float(fields["seconds"]),
         precision=float(fields["precision"]),
+        snapshot=fields.get("snapshot", np.zeros(0)),
     )
     if ckpt.key != key:
         raise ConfigError(

@@ -110,6 +110,9 @@ class ModelConfig:
 class CheckConfig:
     # Train the same network sequentially with NumPy on rank 0 and log the relative error.
     reference: bool = MISSING
+    # After how many steps the weights are compared: a number (the first k steps; fewer if the run
+    # has fewer) or "all" (the whole run, as the course's error-vs-lr study needs).
+    steps: str = MISSING
     # Where reference weights are cached, keyed by what determines them (not nproc/device).
     cache_dir: str = "${oc.env:SWEEPSCALE_CACHE,.cache/sweepscale}/reference"
     # A non-finite training loss: stop (the run FAILED) or go_on.
@@ -210,17 +213,43 @@ class TrainerConfig:
     fault: FaultConfig = field(default_factory=FaultConfig)
 
 
-# Groups that say how and where a run is recorded or started, or where its data lives, not what it computes.
-NOT_HASHED = ("mlflow", "mpi", "paths")
+# What a run's result depends on, and only that: the config hash (the key a resumed sweep skips
+# finished points by) is made of these keys, each under the name it was first hashed as. A key that
+# does not change results (where a run is recorded or its data lives, how a diverged run ends,
+# NVTX ranges, saved weights) is not here, so adding, moving or renaming such a key keeps every
+# hash; a key moved or renamed here keeps its first name. A new key that changes results joins
+# under its own name, hashed only where it differs from the value that gave the old results.
+IDENTITY: dict[str, str] = {
+    name: name
+    for name in (
+        "hidden", "batch_size", "lr", "epochs", "nproc", "reg", "dtype", "device", "seed",
+        "model.init",
+        "data.dir", "data.n_train", "data.n_test", "data.shuffle", "data.on_device", "data.scale",
+        "gpu.step", "gpu.comm", "gpu.gemm", "gpu.overlap", "gpu.nccl_window",
+        "check.reference", "check.steps",
+        "perf.peak_tflops", "perf.repeats",
+        "fault.rank", "fault.iteration", "fault.kind",
+    )
+}  # fmt: skip
+
+
+def identity(cfg: Any, ignore: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The resolved values of IDENTITY's keys (hash name -> value), but for the groups in ``ignore``."""
+    values = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+    out = {}
+    for name, path in IDENTITY.items():
+        if path.split(".")[0] in ignore:
+            continue
+        node: Any = values
+        for part in path.split("."):
+            node = node[part]
+        out[name] = node
+    return out
 
 
 def config_hash(cfg: Any, ignore: tuple[str, ...] = ()) -> str:
-    """Short hash of everything that determines a run's result (the resume key of sweeps)."""
-    d = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
-    d = {k: v for k, v in d.items() if k not in NOT_HASHED + ignore}
-    d.get("check", {}).pop("divergence", None)  # how a diverged run ends, not what it computes
-    d.get("save", {}).pop("checkpoint_dir", None)
-    return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:12]
+    """Short hash of everything that determines a run's result (IDENTITY): the resume key of sweeps."""
+    return hashlib.sha256(json.dumps(identity(cfg, ignore), sort_keys=True).encode()).hexdigest()[:12]
 
 
 def register() -> None:
@@ -266,6 +295,11 @@ def validate(cfg: TrainerConfig) -> None:
             "gpu.gemm=tf32 needs dtype=float32 (TF32 is a float32 GEMM mode); choose another gpu.gemm or float32",
         ),
         (
+            check_steps(cfg.check.steps) is not None,
+            f"check.steps={cfg.check.steps}: compare the weights after a number of steps (e.g. check.steps=10) or "
+            "after the whole run (check.steps=all); check.reference=false turns the check off",
+        ),
+        (
             cfg.perf.repeats >= 1,
             f"perf.repeats={cfg.perf.repeats}: the batches are timed at least once (1 = the training run "
             "alone, k > 1 adds k - 1 timing repeats of the first epoch); set perf.repeats=1 or more",
@@ -274,6 +308,14 @@ def validate(cfg: TrainerConfig) -> None:
     for ok, message in checks:
         if not ok:
             raise ConfigError(message)
+
+
+def check_steps(value: str) -> int | str | None:
+    """check.steps as a positive number of steps, or "all"; None where it is neither."""
+    text = str(value).strip().lower()
+    if text == "all":
+        return "all"
+    return int(text) if text.isdigit() and int(text) >= 1 else None
 
 
 # Keys that moved into the gpu group: old spelling -> new key.

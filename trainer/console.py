@@ -35,3 +35,7 @@ def summary(run_id: str, uri: str, rows: dict[str, str]) -> None:
         table.add_row(key, value)
     _console().print(table)
     _console().print(f"see it with: mlflow ui --backend-store-uri {uri}")
+
+
+def check_line(steps: int, error: float) -> None:
+    _console().print(f"max weight error vs CPU after {steps} steps: {error:.3e}")

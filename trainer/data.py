@@ -1,4 +1,4 @@
-"""Training and test data: IDX files (MNIST, Fashion-MNIST) or the embedded handwritten digits.
+"""Training and test data: IDX files (MNIST, Fashion-MNIST), or the embedded digits (a slice of MNIST).
 
 Images come back as float arrays of shape (N, 784), labels as int64 (N,). The pixels are k / 255 in
 [0, 1] (scale "unit") or the bytes k themselves (scale "byte", as the course's C++ reads them).
@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import gzip
 import hashlib
-import importlib.util
 import math
 import zlib
 from dataclasses import dataclass
@@ -46,7 +45,7 @@ class Dataset:
     y_train: np.ndarray  # (N,) int64
     x_test: np.ndarray
     y_test: np.ndarray
-    source: str  # a folder, or "embedded:sklearn-digits"
+    source: str  # a folder, or "embedded:mnist-2000"
 
     @property
     def n_features(self) -> int:
@@ -163,44 +162,14 @@ def load_idx_folder(folder: str | Path) -> Dataset:
     return Dataset(x_train, y_train, x_test, y_test, source=str(folder.resolve()))
 
 
+EMBEDDED = Path(__file__).with_name("embedded")  # trainer/embedded/README.md says what it holds
+
+
 def load_embedded_digits() -> Dataset:
-    """Real handwritten digits shipped by scikit-learn (UCI optdigits, 1797 samples, 8x8).
-
-    Each 8x8 image is resampled to 20x20 and centred in a 28x28 frame, as MNIST's digits are,
-    so the network keeps its 784 inputs. The first 1500 are for training, the rest for testing.
-    """
-    table = np.loadtxt(_digits_file(), delimiter=",")  # 64 pixels in 0..16, then the label
-    small = table[:, :64].reshape(-1, 8, 8) / 16.0  # 17 grey levels
-    # Bilinear resampling 8 -> 20 as two small matrix products (no SciPy/Pillow needed).
-    r = _bilinear_matrix(8, 20)
-    big = np.einsum("ij,njk,lk->nil", r, small, r)
-    frame = np.zeros((len(big), SIDE, SIDE))
-    frame[:, 4:24, 4:24] = big
-    x = np.round(np.clip(frame, 0, 1) * 255).astype(np.uint8).reshape(len(big), -1)
-    y = table[:, 64].astype(np.int64)
-    return Dataset(x[:1500], y[:1500], x[1500:], y[1500:], source="embedded:sklearn-digits")
-
-
-def _digits_file() -> Path:
-    """scikit-learn's copy of the digits, found without importing scikit-learn (1 s of imports)."""
-    spec = importlib.util.find_spec("sklearn")
-    if spec is None or spec.origin is None:
-        raise ConfigError(
-            "the embedded digits come with scikit-learn, which is not installed: pip install scikit-learn"
-        )
-    return Path(spec.origin).parent / "datasets" / "data" / "digits.csv.gz"
-
-
-def _bilinear_matrix(n_in: int, n_out: int) -> np.ndarray:
-    pos = (np.arange(n_out) + 0.5) * n_in / n_out - 0.5
-    pos = np.clip(pos, 0, n_in - 1)
-    lo = np.floor(pos).astype(int)
-    hi = np.minimum(lo + 1, n_in - 1)
-    w = pos - lo
-    m = np.zeros((n_out, n_in))
-    m[np.arange(n_out), lo] += 1 - w
-    m[np.arange(n_out), hi] += w
-    return m
+    """The embedded digits: the first 2000 training and 1000 test images of MNIST, shipped in the
+    package as IDX files (trainer/embedded/), pixels as bytes."""
+    ds = load_idx_folder(EMBEDDED)
+    return Dataset(ds.x_train, ds.y_train, ds.x_test, ds.y_test, source="embedded:mnist-2000")
 
 
 def pixel_levels(scale: str) -> int:

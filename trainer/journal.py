@@ -3,6 +3,8 @@
 With ``mlflow.spool_dir`` and an http(s) tracking URI (a sweep sets each point's folder), the
 recorder (trainer/tracking.py) appends every write, metrics, tags, params, texts, artifacts and
 the run's end, to ``journal.jsonl`` there, one JSON line each, and a thread sends them in order.
+Writes may follow the end (a CPU check landing after the run ended): the end's line then says
+``close: false`` and a ``close`` line comes last; the journal is done once its last line is sent.
 The byte offset sent so far is kept in ``journal.sent``. A server that is down holds nothing up:
 the thread retries, the run's process waits for it at its end for at most ``DRAIN_S``, and what
 is left is sent by ``python -m sweeper.sync`` (and by the sweep's own end) from the journal
@@ -64,7 +66,7 @@ class Journal:
         return out
 
     def send(self, client: Any) -> bool:
-        """Send what is unsent, noting each line once sent; True once the run's end is sent (then
+        """Send what is unsent, noting each line once sent; True once its last line is sent (then
         the journal is removed: nothing is left to send). Raises what the store raised."""
         run_id, ended = self.header()["run_id"], False
         for offset, entry in self.unsent():
@@ -72,7 +74,7 @@ class Journal:
             tmp = self.sent_path.with_suffix(".tmp")
             tmp.write_text(str(offset))
             os.replace(tmp, self.sent_path)
-            ended = entry["op"] == "end"
+            ended = entry["op"] == "close" or (entry["op"] == "end" and entry.get("close", True))
         if ended:
             shutil.rmtree(self.folder / FILES, ignore_errors=True)
             self.path.unlink()
@@ -99,6 +101,7 @@ def apply(client: Any, run_id: str, entry: dict[str, Any], files: Path) -> None:
         client.log_artifact(run_id, str(files / entry["name"]))
     elif op == "end":
         client.set_terminated(run_id, entry["status"])
+    # "close": nothing to write, the journal is done
 
 
 class Sender(threading.Thread):

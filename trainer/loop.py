@@ -52,6 +52,16 @@ class EpochResult:
         return float(np.average(self.losses, weights=self.batch_sizes))
 
 
+@dataclass
+class Snapshot:
+    """The weights after ``step`` steps, copied where they live (on a GPU, a device copy queued on the
+    stream: no host synchronisation) by :func:`fit` into ``weights``; with ``stop``, fit returns there."""
+
+    step: int
+    stop: bool = False
+    weights: Any = None
+
+
 class DivergedError(RuntimeError):
     """A training loss that is NaN or infinite (check.divergence=stop)."""
 
@@ -137,6 +147,7 @@ def fit(
     options: StepOptions = GENERIC,
     fault_kind: str = "error",
     start_epoch: int = 1,
+    snapshot: Snapshot | None = None,
 ) -> Any:
     """Train ``params`` (a flat xp array, updated in place) and return it.
 
@@ -146,6 +157,7 @@ def fit(
     ``options`` (trainer/options.py) picks the implementation of the step and how it runs
     (trainer/step.py make_step); the default is the generic step. ``start_epoch`` > 1 resumes
     from ``params`` as a checkpoint left them after epoch ``start_epoch - 1`` (trainer/checkpoint.py).
+    ``snapshot`` takes a copy of the weights after its step (the CPU reference check compares those).
     """
     gbuf = gradient_buffer(allreduce, xp, layout.size + 1, params.dtype)  # gradient, then summed cross-entropy
     max_rows = -(-schedule.batch_size // size)
@@ -185,6 +197,11 @@ def fit(
             sgd_step(step, xb, yb, stop - start, schedule, losses[b : b + 1], clock)
             sizes[b] = stop - start
             iteration += 1
+            if snapshot is not None and iteration == snapshot.step:
+                step.finish()  # an update the step left queued, first
+                snapshot.weights = params.copy()
+                if snapshot.stop:
+                    return params
         step.finish()  # the weights and the losses are complete past this point
         host_losses = losses.get() if xp is not np else losses  # waits for the epoch's work
         seconds = time.perf_counter() - t0

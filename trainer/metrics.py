@@ -55,10 +55,17 @@ TAG_SLURM_ARRAY = "sweepscale.slurm_array"  # "ARRAYID_INDEX", the job array tas
 TAG_SWEEPER = "sweepscale.sweeper"  # "host pid" of the sweeper process: a later sweep closes one left RUNNING
 # How a run's process started: warm (a worker that serves many points) or cold (its own process).
 TAG_WARM = "sweepscale.warm"  # "true" | "false"
-TAG_WORKER = "sweepscale.worker"  # which worker served it (host:pid of its rank 0), warm runs only
+TAG_WORKER = "sweepscale.worker"
+# Each rank's node and device: "0=node1/gpu0 (NVIDIA H100 80GB HBM3); 1=node1/gpu1 (...)", or ".../cpu".
+TAG_RANK_DEVICES = "sweepscale.rank_devices"  # which worker served it (host:pid of its rank 0), warm runs only
 # A run resumed from a checkpoint (trainer/checkpoint.py): the epoch it went on from; the job's restarts.
 TAG_RESUMED_FROM_EPOCH = "sweepscale.resumed_from_epoch"
 TAG_RESTARTS = "sweepscale.restarts"
+# The CPU reference check (trainer/reference.py): the steps compared (check.steps resolved), and where
+# it stands: "pending" while the run has ended and the reference computes, then "done", or "failed: why"
+# or "abandoned: why" (the run's status stays what its training earned).
+TAG_CHECK_STEPS = "sweepscale.check_steps"
+TAG_CHECK = "sweepscale.check"
 # Seconds from the process's start (cold) or the point's claim (warm) to its first batch.
 TIME_TO_FIRST_BATCH = "time/to_first_batch_s"
 

@@ -63,18 +63,26 @@ LOOPBACK = {
 }
 
 
-def mpiexec_env() -> dict[str, str]:
-    """The environment of a local mpiexec (one host): its ranks listen on loopback alone. (MPICH's
-    Hydra still binds its own control port to every address: no option of its binds it to one.)"""
-    env = dict(os.environ)
-    # MPICH's Hydra inside a Slurm allocation would try srun for its proxies; fork is what we mean.
-    env.setdefault("HYDRA_LAUNCHER", "fork")
-    for key, value in LOOPBACK.items():
-        env.setdefault(key, value)
+# Set in the ranks an mpiexec of ours starts: srun's variables they may inherit (Hydra starts its
+# proxies with srun inside an allocation) do not describe their world.
+BY_MPIEXEC = "SWEEPSCALE_MPIEXEC"
+
+
+def mpiexec_settings(one_host: bool = True) -> dict[str, str]:
+    """What an mpiexec's environment needs beyond the caller's. On one host: its ranks listen on
+    loopback alone, and MPICH's Hydra forks its proxy (inside a Slurm allocation it would start it
+    with srun). As root, Open MPI's consent. (MPICH's Hydra still binds its own control port to
+    every address: no option of its binds it to one.)"""
+    out = {BY_MPIEXEC: "1", **({"HYDRA_LAUNCHER": "fork", **LOOPBACK} if one_host else {})}
     if hasattr(os, "geteuid") and os.geteuid() == 0:  # Open MPI refuses root without these
-        env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-    return env
+        out.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    return out
+
+
+def mpiexec_env() -> dict[str, str]:
+    """The environment of a local mpiexec (one host): this process's, with :func:`mpiexec_settings`
+    where it does not say otherwise."""
+    return {**mpiexec_settings(), **os.environ}
 
 
 def run_under_mpiexec(mpiexec: str, nproc: int, argv: list[str], module: str = "trainer") -> int:
@@ -112,11 +120,12 @@ def join_world(nproc: int) -> World:
 
     comm = MPI.COMM_WORLD
     size = comm.Get_size()
-    step_tasks = os.environ.get("SLURM_STEP_NUM_TASKS")
+    step_tasks = None if BY_MPIEXEC in os.environ else os.environ.get("SLURM_STEP_NUM_TASKS")
     if step_tasks and int(step_tasks) != size:
         raise ConfigError(
-            f"srun started {step_tasks} tasks but MPI sees a world of {size}: the PMI plugin does not "
-            "match the MPI library; use `srun --mpi=pmi2` with the mpich wheel, `--mpi=pmix` with Open MPI"
+            f"srun started {step_tasks} tasks but MPI sees a world of {size}: srun's PMI plugin does not "
+            "match the MPI library; leave launcher.pmi=auto to choose one that does (pmi2 for MPICH, pmix "
+            "for Open MPI, or mpiexec inside the allocation)"
         )
     if size != nproc:
         raise ConfigError(

@@ -1,6 +1,5 @@
-"""What a run records in MLflow beside its losses: the config, the tags, the performance metrics
-(phase times, the FLOP model's rates, bytes moved, utilization) and the check against the CPU
-reference."""
+"""What a run records in MLflow beside its losses: the config, the tags and the performance metrics
+(phase times, the FLOP model's rates, bytes moved, utilization). The CPU check: trainer/check.py."""
 
 from __future__ import annotations
 
@@ -10,11 +9,11 @@ from typing import Any
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
-from trainer import console, flops, metrics, model, parallel, reference, reference_jobs, tracking
+from trainer import console, flops, metrics, model, parallel, tracking
 from trainer.backend import Backend
 from trainer.checkpoint import Checkpoint
 from trainer.config import config_hash
-from trainer.loop import GENERIC, EpochResult, Schedule
+from trainer.loop import GENERIC, EpochResult
 from trainer.options import StepOptions
 
 
@@ -104,35 +103,6 @@ def record_epoch(recorder: tracking.Recorder, e: EpochResult, precision: float |
     if precision is not None:
         recorder.metric(metrics.TEST_PRECISION, precision, e.epoch)
     recorder.flush()
-
-
-def start_reference(
-    cfg: DictConfig, layout: model.Layout, schedule: Schedule, init: np.ndarray, ds: Any
-) -> reference_jobs.Job:
-    """The sequential NumPy run of this config, started beside the training (trainer/reference_jobs.py)."""
-    dtype, seed, init_kind, scale = cfg.dtype.value, cfg.seed, cfg.model.init.value, cfg.data.scale.value
-
-    def key(fingerprint: str) -> str:
-        return reference.cache_key(layout, schedule, dtype, seed, fingerprint, init=init_kind, scale=scale)
-
-    d = cfg.data
-    spec = reference_jobs.DataSpec(d.dir, d.n_train, d.n_test, dtype, scale)
-    return reference_jobs.submit(spec, ds.fingerprint, key, layout, init, schedule, cfg.check.cache_dir)
-
-
-def check_against_reference(
-    recorder: tracking.Recorder, job: reference_jobs.Job, layout: model.Layout, final: np.ndarray
-) -> str:
-    """The weights' relative error against the sequential NumPy run, once ``job`` has it: logged, and
-    returned as the summary's row. The job's error, if any, is raised here."""
-    ref = job.result()
-    errors = reference.relative_errors(layout, final, ref.params)
-    for name, err in errors.items():
-        recorder.metric(metrics.weight_error(name), err)
-    recorder.set_tags(
-        {"sweepscale.reference": "cached" if ref.cached else "computed", "sweepscale.reference_key": ref.key}
-    )
-    return f"{errors['max']:.3e}"
 
 
 def record_performance(

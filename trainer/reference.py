@@ -1,8 +1,11 @@
 """The course's correctness check: train the same network sequentially with NumPy and compare.
 
-The reference weights depend on the model (its layout and init), the data (and its pixel scale),
-the schedule, the dtype and the seed, never on nproc, the device or the communication, so they are
-cached under a hash of exactly those and a sweep over nproc computes them once.
+The check compares weights after the same k steps (``check.steps``): the first few by default,
+where the two runs differ by rounding alone, or every step of the run (``all``), where training's
+chaos amplifies rounding with the learning rate (the course's error-vs-lr study). The reference
+weights depend on the model (its layout and init), the data (and its pixel scale), the schedule
+but for its epochs, the dtype, the seed and k, never on nproc, the device or the communication,
+so they are cached under a hash of exactly those: a sweep over nproc or epochs computes them once.
 """
 
 from __future__ import annotations
@@ -10,29 +13,45 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np
 
 from trainer import model
-from trainer.loop import Schedule, fit
+from trainer.loop import Schedule, Snapshot, fit
 
 # Bump when the math or the init changes, so stale cached references are never reused.
-VERSION = 1
+VERSION = 2
+
+
+def steps_of(steps: int | str, n_samples: int, schedule: Schedule) -> int:
+    """check.steps ("all", or k) as a number of steps of this run: at most the run's own."""
+    total = schedule.epochs * -(-n_samples // schedule.batch_size)
+    return total if steps == "all" else min(int(steps), total)
 
 
 def cache_key(
-    layout: model.Layout, schedule: Schedule, dtype: str, seed: int, data_fingerprint: str, *, init: str, scale: str
+    layout: model.Layout,
+    schedule: Schedule,
+    dtype: str,
+    seed: int,
+    data_fingerprint: str,
+    *,
+    init: str,
+    scale: str,
+    steps: int,
 ) -> str:
     """``init``: model.init (the seed alone does not say the initial weights); ``scale``: data.scale
-    (the fingerprint hashes the scaled pixels too, named here so that the key says it)."""
+    (the fingerprint hashes the scaled pixels too, named here so that the key says it); ``steps``:
+    the steps compared, which stand for the schedule's epochs."""
     what = {
         "version": VERSION,
         "layout": asdict(layout),
         "init": init,
         "scale": scale,
-        "schedule": asdict(schedule),
+        "schedule": {k: v for k, v in asdict(schedule).items() if k != "epochs"},
+        "steps": steps,
         "dtype": dtype,
         "seed": seed,
         "data": data_fingerprint,
@@ -40,14 +59,31 @@ def cache_key(
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:20]
 
 
+def reference_weights(
+    layout: model.Layout, init: np.ndarray, x: np.ndarray, y: np.ndarray, schedule: Schedule, steps: int
+) -> np.ndarray:
+    """The sequential NumPy run's weights after its first ``steps`` steps."""
+    epochs = -(-steps // -(-len(y) // schedule.batch_size))
+    snapshot = Snapshot(steps, stop=True)
+    fit(np, layout, init.copy(), x, y, replace(schedule, epochs=epochs), snapshot=snapshot)
+    return snapshot.weights
+
+
 def reference_params(
-    layout: model.Layout, init: np.ndarray, x: np.ndarray, y: np.ndarray, schedule: Schedule, cache: Path, key: str
+    layout: model.Layout,
+    init: np.ndarray,
+    x: np.ndarray,
+    y: np.ndarray,
+    schedule: Schedule,
+    steps: int,
+    cache: Path,
+    key: str,
 ) -> tuple[np.ndarray, bool]:
-    """Final weights of the sequential NumPy run, and whether they came from the cache."""
+    """The reference's weights after ``steps`` steps, and whether they came from the cache."""
     path = Path(cache) / f"{key}.npy"
     if path.is_file():
         return np.load(path), True
-    params = fit(np, layout, init.copy(), x, y, schedule)
+    params = reference_weights(layout, init, x, y, schedule, steps)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".{os.getpid()}.tmp.npy")
     np.save(tmp, params)

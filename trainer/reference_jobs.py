@@ -1,10 +1,14 @@
-"""The CPU reference beside the run: computed in a separate process while the run trains.
+"""The CPU reference beside the run: computed in other processes while the run trains, and after.
 
-Rank 0 submits the reference when its run starts and waits for it only when the run ends. A key
-whose weights are cached is read in a thread of this process, with no child at all; otherwise one
-spawned child (a pool of one per process, kept across the points of a warm worker) loads the data
-itself from the config's data settings and trains the sequential NumPy run. A file lock per key
-makes processes that need one reference at once compute it once: the others wait, then read it.
+Rank 0 submits the reference when its run starts (on a GPU; on the CPU after its timed batches);
+the run ends when its training does, and the reference's error lands in it later (trainer/run.py).
+A key whose weights are cached is read in a thread of this process, with no child at all.
+Otherwise a spawned child (a pool per process, kept across the points of a warm worker, several
+references computing at once) trains the sequential NumPy run's first k steps on the run's own
+training arrays, mapped from shared memory where this process put them once per data set. Each
+child's BLAS threads are this machine's cores shared among the references computing on it
+(counted by marker files in the cache folder). A file lock per key makes processes that need one
+reference at once compute it once: the others wait, then read its file.
 """
 
 from __future__ import annotations
@@ -13,12 +17,14 @@ import fcntl
 import multiprocessing
 import os
 import signal
+import socket
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
+from multiprocessing import shared_memory
 from pathlib import Path
 from typing import Any
 
@@ -27,24 +33,30 @@ import numpy as np
 from trainer import model
 from trainer.loop import Schedule
 
-# One child: the sequential run's NumPy GEMMs already spread over the cores through BLAS threads.
-WORKERS = 1
+RUNNING = ".running"  # in the cache folder: one marker per reference computing, "<host>.<pid>"
+
+
+def cores() -> int:
+    """The cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+# References at once per process: a quarter of the cores (the headline's three at once on 16), at least one.
+WORKERS = max(1, min(8, cores() // 4))
 
 
 @dataclass(frozen=True)
-class DataSpec:
-    """What the child loads the training data from (trainer/data.py load's arguments), never the arrays."""
+class SharedArray:
+    """An array in shared memory, as a child finds it."""
 
-    dir: str | None
-    n_train: int | None
-    n_test: int | None
+    name: str
+    shape: tuple[int, ...]
     dtype: str
-    scale: str
 
 
 @dataclass(frozen=True)
 class Reference:
-    params: np.ndarray  # the sequential run's final weights
+    params: np.ndarray  # the sequential run's weights after its first k steps
     cached: bool  # read from the cache (computed earlier, or by another process while this one waited)
     key: str
 
@@ -63,32 +75,36 @@ class Job:
 
 
 def submit(
-    spec: DataSpec,
+    x: np.ndarray,
+    y: np.ndarray,
     fingerprint: Callable[[], str],
     key_of: Callable[[str], str],
     layout: model.Layout,
     init: np.ndarray,
     schedule: Schedule,
+    steps: int,
     cache: str | Path,
 ) -> Job:
-    """Start the reference and return at once. ``fingerprint`` (the data's hash) and ``key_of`` (the
-    cache key of a fingerprint) run in a thread here: hashing the data would delay the first batch."""
-    spec = replace(spec, dir=None if spec.dir is None else str(Path(spec.dir).expanduser().absolute()))
+    """Start the reference of ``steps`` steps on the training arrays ``x``, ``y`` and return at once.
+    ``fingerprint`` (the data's hash) and ``key_of`` (the cache key of a fingerprint) run in a thread
+    here: hashing the data would delay the first batch."""
     cache = Path(cache).expanduser().absolute()  # the child must not depend on this process's cwd
     job = Job()
-    args = (job, fingerprint, key_of, spec, layout, init, schedule, cache)
+    args = (job, x, y, fingerprint, key_of, layout, init, schedule, steps, cache)
     threading.Thread(target=_prepare, args=args, name="reference", daemon=True).start()
     return job
 
 
 def _prepare(
     job: Job,
+    x: np.ndarray,
+    y: np.ndarray,
     fingerprint: Callable[[], str],
     key_of: Callable[[str], str],
-    spec: DataSpec,
     layout: model.Layout,
     init: np.ndarray,
     schedule: Schedule,
+    steps: int,
     cache: Path,
 ) -> None:
     try:
@@ -98,23 +114,26 @@ def _prepare(
         if path.is_file():  # complete once there (written by os.replace): no process needed
             job.future.set_result(Reference(np.load(path), True, key))
             return
-        params, cached = _pool_submit(compute, spec, hashed, layout, init, schedule, cache, key).result()
+        data = _share(hashed, x, y)
+        params, cached = _pool_submit(compute, data, layout, init, schedule, steps, cache, key).result()
         job.future.set_result(Reference(params, cached, key))
-    except BaseException as e:  # the run that waits for it fails with this error
+    except BaseException as e:  # the check fails with this error; the run it checks is not touched
         job.future.set_exception(e)
 
 
 def compute(
-    spec: DataSpec,
-    fingerprint: str,
+    data: tuple[SharedArray, SharedArray],
     layout: model.Layout,
     init: np.ndarray,
     schedule: Schedule,
+    steps: int,
     cache: Path,
     key: str,
 ) -> tuple[np.ndarray, bool]:
     """In the child: the reference's weights and whether they were cached, computed at most once per
     key whatever the number of processes asking (the first takes the lock; the others read its file)."""
+    from threadpoolctl import threadpool_limits
+
     from trainer import reference
 
     cache.mkdir(parents=True, exist_ok=True)
@@ -123,30 +142,77 @@ def compute(
         path = cache / f"{key}.npy"
         if path.is_file():
             return np.load(path), True
-        x, y = _training_data(spec, fingerprint)
-        return reference.reference_params(layout, init, x, y, schedule, cache, key)
+        x, y = (_attach(a) for a in data)
+        with _Running(cache) as share, threadpool_limits(limits=share, user_api="blas"):
+            return reference.reference_params(layout, init, x, y, schedule, steps, cache, key)
 
 
-_DATA: dict[DataSpec, tuple[np.ndarray, np.ndarray]] = {}  # in the child: loaded once for every point
+class _Running:
+    """This child's marker among the references computing on this host, while it computes; entering
+    gives its share of the cores."""
+
+    def __init__(self, cache: Path) -> None:
+        self.folder = cache / RUNNING
+        self.marker = self.folder / f"{socket.gethostname()}.{os.getpid()}"
+
+    def __enter__(self) -> int:
+        self.folder.mkdir(exist_ok=True)
+        self.marker.touch()
+        host = socket.gethostname()
+        running = 0
+        for m in self.folder.iterdir():
+            name, _, pid = m.name.rpartition(".")
+            if name == host and pid.isdigit() and _alive(int(pid)):
+                running += 1
+            elif name == host:
+                m.unlink(missing_ok=True)  # a child that died computing
+        return max(1, cores() // max(1, running))
+
+    def __exit__(self, *exc: Any) -> None:
+        self.marker.unlink(missing_ok=True)
 
 
-def _training_data(spec: DataSpec, fingerprint: str) -> tuple[np.ndarray, np.ndarray]:
-    if spec not in _DATA:
-        from trainer import data
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
 
-        ds = data.load(spec.dir, spec.n_train, spec.n_test, spec.dtype, spec.scale)
-        if ds.fingerprint() != fingerprint:  # the files changed since the run loaded them
-            raise RuntimeError(
-                f"the data in {ds.source} are not what the run trained on (fingerprint {ds.fingerprint()}, "
-                f"the run's {fingerprint}): was it rewritten meanwhile?"
-            )
-        _DATA[spec] = (ds.x_train, ds.y_train)
-    return _DATA[spec]
+
+# In this process: the training arrays of each data set a reference was asked of, in shared memory.
+_shared: dict[str, tuple[list[shared_memory.SharedMemory], tuple[SharedArray, SharedArray]]] = {}
+_shared_lock = threading.Lock()
+
+
+def _share(fingerprint: str, x: np.ndarray, y: np.ndarray) -> tuple[SharedArray, SharedArray]:
+    """The arrays in shared memory, copied there once per data set (the children map them)."""
+    with _shared_lock:
+        if fingerprint not in _shared:
+            blocks, specs = [], []
+            for a in (np.ascontiguousarray(x), np.ascontiguousarray(y)):
+                block = shared_memory.SharedMemory(create=True, size=max(1, a.nbytes))
+                np.ndarray(a.shape, a.dtype, buffer=block.buf)[...] = a
+                blocks.append(block)
+                specs.append(SharedArray(block.name, a.shape, a.dtype.str))
+            _shared[fingerprint] = (blocks, (specs[0], specs[1]))
+        return _shared[fingerprint][1]
+
+
+_attached: dict[str, shared_memory.SharedMemory] = {}  # in a child: the blocks it mapped, kept open
+
+
+def _attach(a: SharedArray) -> np.ndarray:
+    if a.name not in _attached:  # a spawned child shares its parent's resource tracker: one record of the block
+        _attached[a.name] = shared_memory.SharedMemory(name=a.name)
+    return np.ndarray(a.shape, np.dtype(a.dtype), buffer=_attached[a.name].buf)
 
 
 _pool: ProcessPoolExecutor | None = None
 _pool_lock = threading.Lock()
-_busy: set[Future[Any]] = set()  # the child's jobs not done yet
+_busy: set[Future[Any]] = set()  # the children's jobs not done yet
 _closed = threading.Event()
 
 
@@ -165,26 +231,31 @@ def _pool_submit(fn: Callable[..., Any], *args: Any) -> Future[Any]:
                 _busy.add(future)
                 future.add_done_callback(_busy.discard)
                 return future
-            except BrokenProcessPool:  # its child was killed: the next reference gets a fresh one
+            except BrokenProcessPool:  # a child was killed: the next reference gets a fresh pool
                 _pool = None
         raise RuntimeError("the reference's process pool broke twice in a row")
 
 
 def shutdown() -> None:
-    """End the pool (the run or the worker is ending); a child still computing is killed: once no run
-    waits for its reference, nothing needs it. A later run in this process (launcher=debug runs
-    every point in one) starts a fresh child."""
+    """End the pool (the run or the worker is ending) and free the shared arrays; a child still
+    computing is killed: once no run waits for its reference, nothing needs it. A later run in this
+    process (launcher=debug runs every point in one) starts a fresh pool."""
     global _pool
     with _pool_lock:
         pool, _pool = _pool, None
         _closed.set()  # no child starts while this one is being torn down
     try:
-        if pool is None:
-            return
-        if _busy:  # Python 3.11 has no public way to stop a busy child (3.14: terminate_workers)
-            for process in list((getattr(pool, "_processes", None) or {}).values()):
-                process.terminate()
-        pool.shutdown(wait=True, cancel_futures=True)
+        if pool is not None:
+            if _busy:  # Python 3.11 has no public way to stop a busy child (3.14: terminate_workers)
+                for process in list((getattr(pool, "_processes", None) or {}).values()):
+                    process.terminate()
+            pool.shutdown(wait=True, cancel_futures=True)
+        with _shared_lock:
+            for blocks, _ in _shared.values():
+                for block in blocks:
+                    block.close()
+                    block.unlink()
+            _shared.clear()
     finally:
         _closed.clear()
 

@@ -9,8 +9,7 @@ import os
 import socket
 import sys
 import traceback
-from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import numpy as np
 from omegaconf import DictConfig
@@ -23,6 +22,7 @@ from trainer import (
     metrics,
     model,
     parallel,
+    reference,
     reference_jobs,
     requeue,
     sigterm,
@@ -30,19 +30,14 @@ from trainer import (
 )
 from trainer import data as data_mod
 from trainer.backend import Backend, gpu_count, pinned, select
+from trainer.check import PendingCheck
+from trainer.check import start as start_reference
 from trainer.clock import PhaseClock, process_start
-from trainer.config import Divergence, Gemm, validate
+from trainer.config import Divergence, Gemm, check_steps, validate
 from trainer.errors import ConfigError
-from trainer.loop import STEP_PHASES, EpochResult, Schedule, check_finite, fit
+from trainer.loop import STEP_PHASES, EpochResult, Schedule, Snapshot, check_finite, fit
 from trainer.options import StepOptions
-from trainer.record import (
-    check_against_reference,
-    record_epoch,
-    record_performance,
-    resume_recording,
-    start_recording,
-    start_reference,
-)
+from trainer.record import record_epoch, record_performance, resume_recording, start_recording
 from trainer.requeue import TimeLimitReached
 from trainer.sigterm import Terminated
 from trainer.uri_check import check_uri
@@ -87,47 +82,20 @@ def schedule_of(cfg: DictConfig) -> Schedule:
 KILLED_STATUS = 143  # 128 + SIGTERM: the run ended KILLED; a warm worker stops serving points
 
 
-@dataclass
-class Pending:
-    """Rank 0's run, trained and recorded but for its reference check: :meth:`finish` waits for the
-    reference, logs its error and ends the run. A warm worker trains the next point meanwhile."""
-
-    job: reference_jobs.Job | None  # None: no reference to wait for
-    beside: bool  # trained on a GPU: the next point may train while the CPU computes the reference
-    end: Callable[[], None]
-    recorder: tracking.Recorder
-
-    def done(self) -> bool:
-        return self.job is None or self.job.done()
-
-    def finish(self) -> int:
-        """0, 1 (FAILED: the reference or the store failed) or KILLED_STATUS (SIGTERM while waiting)."""
-        try:
-            self.end()
-            return 0
-        except BaseException as e:
-            return _record_failure(e, self.recorder.uri, self.recorder.settled_run_id(), self.recorder, 0)
-
-    def abandon(self) -> None:
-        """End the run KILLED without its check: the worker is ending before the reference did."""
-        error = Terminated("the worker ended before this run's reference check")
-        _record_failure(error, self.recorder.uri, self.recorder.settled_run_id(), self.recorder, 0, traced=False)
-
-
 def train_and_record(
     cfg: DictConfig, world: parallel.World, ds: data_mod.Dataset, *, origin: float | None = None
 ) -> int:
-    """Run on every rank; 0, 1 (FAILED) or KILLED_STATUS. Rank 0 waits for the reference and ends the run."""
+    """Run on every rank; 0, 1 (FAILED) or KILLED_STATUS. Rank 0 then waits for the run's CPU check."""
     outcome = train_and_defer(cfg, world, ds, origin=origin)
-    return outcome.finish() if isinstance(outcome, Pending) else outcome
+    return outcome.finish() if isinstance(outcome, PendingCheck) else outcome
 
 
 def train_and_defer(
     cfg: DictConfig, world: parallel.World, ds: data_mod.Dataset, *, origin: float | None = None
-) -> int | Pending:
+) -> int | PendingCheck:
     """Run on every rank: 1 (FAILED) or KILLED_STATUS if training failed, else 0 on ranks > 0 and on
-    rank 0 the run still to end (:class:`Pending`). Rank 0 records; a failure ends the run and, in a
-    world of several ranks (the others may wait in a collective), aborts the world."""
+    rank 0 the ended run's check still to land (:class:`PendingCheck`). Rank 0 records; a failure ends
+    the run and, in a world of several ranks (the others may wait in a collective), aborts the world."""
     uri = tracking.tracking_uri(cfg.mlflow.tracking_uri)
     recorder: tracking.Recorder | None = None
     run_id: str | None = None
@@ -137,6 +105,7 @@ def train_and_defer(
         backend = select(cfg.device, world.local_rank)
         options = StepOptions.resolve(cfg, backend.kind)  # the step's options, resolved once
         hosts = world.comm.gather(socket.gethostname())
+        devices = world.comm.gather(backend.describe())  # each rank's own GPU (or cpu), on its node
         key = checkpoint.resume_key(cfg)  # rank 0 reads, the others get it: one view of the folder
         ckpt = world.comm.bcast(checkpoint.load(cfg.save.checkpoint_dir, key) if world.rank == 0 else None)
         if world.rank == 0 and ckpt is not None:  # a requeued or restarted job: the same run goes on
@@ -149,6 +118,7 @@ def train_and_defer(
             run_id = None if background else recorder.run_id
         if world.rank == 0:
             launch.tell_launcher(run_id)
+            recorder.set_tags({metrics.TAG_RANK_DEVICES: rank_devices(hosts, devices)})
         run_id = world.comm.bcast(run_id)
         try:
             pending = train_on_rank(cfg, options, world, backend, ds, recorder, origin, ckpt)
@@ -165,6 +135,11 @@ def train_and_defer(
         if world.size > 1:
             world.abort(1)  # the other ranks may wait in a collective: end them all now
         return status
+
+
+def rank_devices(hosts: list[str], devices: list[str]) -> str:
+    """Which node and device each rank trained on: ``0=node1/gpu0 (NVIDIA H100 ...); 1=node1/gpu1 (...)``."""
+    return "; ".join(f"{r}={host}/{device}" for r, (host, device) in enumerate(zip(hosts, devices)))[:5000]
 
 
 def _record_failure(
@@ -196,10 +171,10 @@ def train_on_rank(
     recorder: tracking.Recorder | None,
     origin: float | None = None,
     ckpt: checkpoint.Checkpoint | None = None,
-) -> Pending | None:
+) -> PendingCheck | None:
     """``origin``: a time.time() value, the start of the time to first batch (None: this process's start).
-    ``ckpt``: the checkpoint to resume from. Rank 0 returns its run, to end once the reference is
-    there; other ranks None."""
+    ``ckpt``: the checkpoint to resume from. Rank 0 ends its run FINISHED and returns its check, to
+    land once the reference is there; other ranks None."""
     origin = process_start() if origin is None else origin
     xp, on_gpu = backend.xp, backend.kind == "gpu"
     layout = model.Layout(D=ds.n_features, H=cfg.hidden, C=data_mod.N_CLASSES)
@@ -217,11 +192,18 @@ def train_on_rank(
         options.comm, world, on_gpu, backend.n_devices, xp, n, dtype, options.beside_gemm, options.nccl_window
     )
     overlap = options.overlap and allreduce.via == "nccl"  # NCCL alone can overlap
-    job = None
+    job, steps = None, 0
+    if cfg.check.reference:  # the CPU check compares the weights after the first `steps` steps
+        steps = reference.steps_of(check_steps(cfg.check.steps), len(ds.y_train), schedule)
+    snapshot = Snapshot(steps) if 0 < steps < reference.steps_of("all", len(ds.y_train), schedule) else None
+    if snapshot is not None and ckpt is not None and ckpt.snapshot.size:  # taken before the job was requeued
+        snapshot.weights = xp.asarray(ckpt.snapshot)
     if recorder is not None:
         recorder.set_tags(options.tags(type(allreduce).__name__, overlap))
-        if cfg.check.reference and on_gpu:  # beside the GPU's training, on CPU cores it leaves idle
-            job = start_reference(cfg, layout, schedule, init, ds)
+        if steps:
+            recorder.set_tags({metrics.TAG_CHECK_STEPS: str(steps)})
+        if steps and on_gpu:  # beside the GPU's training, on CPU cores it leaves idle
+            job = start_reference(cfg, layout, schedule, init, ds, steps)
 
     checkpoints = cfg.save.checkpoint_dir if recorder is not None else None
     key = checkpoint.resume_key(cfg) if checkpoints else ""  # once: hashing the config is not per epoch work
@@ -232,10 +214,14 @@ def train_on_rank(
             if len(ds.y_test):
                 precision = float(model.correct(layout.views(params), x_test, y_test)) / len(ds.y_test)
             if checkpoints and e.epoch < cfg.epochs:  # before the metrics: a kill between them loses none
-                steps = e.first_iteration + len(e.losses)
+                done = e.first_iteration + len(e.losses)
                 acc = np.nan if precision is None else precision
-                state = (backend.to_host(params), e.epoch, steps, recorder.run_id, key)
-                checkpoint.save(checkpoints, checkpoint.Checkpoint(*state, e.losses, e.batch_sizes, e.seconds, acc))
+                state = (backend.to_host(params), e.epoch, done, recorder.run_id, key)
+                taken = (
+                    np.zeros(0) if snapshot is None or snapshot.weights is None else backend.to_host(snapshot.weights)
+                )
+                saved = checkpoint.Checkpoint(*state, e.losses, e.batch_sizes, e.seconds, acc, taken)
+                checkpoint.save(checkpoints, saved)
             if e.epoch == 1 and clock.first_start is not None:
                 recorder.metric(metrics.TIME_TO_FIRST_BATCH, clock.first_start - origin)
             record_epoch(recorder, e, precision)
@@ -253,6 +239,7 @@ def train_on_rank(
         *(xp, layout, params, x_train, y_train, schedule, rank, size, allreduce, clock, on_epoch, fault, options),
         fault_kind=cfg.fault.kind.value,
         start_epoch=1 if ckpt is None else ckpt.epoch + 1,
+        snapshot=snapshot,
     )
     # perf.repeats: the first epoch timed again on scratch weights, on every rank (the sums are collective).
     repeat_ms = [clock.medians()["batch"]]  # r = 0: the training run's own median
@@ -264,8 +251,8 @@ def train_on_rank(
         repeat_ms.append(repeat_clock.medians()["batch"])
     if recorder is None:
         return None
-    if cfg.check.reference and job is None:  # on the CPU, after the timed batches: it would take their cores
-        job = start_reference(cfg, layout, schedule, init, ds)
+    if steps and job is None:  # on the CPU, after the timed batches: it would take their cores
+        job = start_reference(cfg, layout, schedule, init, ds, steps)
     if allreduce.via == "nccl":  # the window's state is known once fit has asked it for the gradient's buffer
         recorder.set_tags({"sweepscale.nccl_window": allreduce.window_state})
     final = backend.to_host(params)
@@ -285,13 +272,10 @@ def train_on_rank(
     if cfg.save.weights:
         recorder.log_npz("weights_initial.npz", dict(zip(model.NAMES, layout.views(init))))
         recorder.log_npz("weights_final.npz", dict(zip(model.NAMES, layout.views(final))))
-    recorder.flush()  # all but the check is in the store while the reference may still be computing
-
-    def end() -> None:
-        if job is not None:
-            rows["max weight error vs CPU"] = check_against_reference(recorder, job, layout, final)
-        recorder.finish("FINISHED")
-        checkpoint.remove(cfg.save.checkpoint_dir)  # nothing left to resume
-        console.summary(recorder.run_id, recorder.uri, rows)
-
-    return Pending(job, on_gpu, end, recorder)
+    if job is not None:
+        recorder.set_tags({metrics.TAG_CHECK: "pending"})
+    recorder.finish("FINISHED", close=job is None)  # the run ends with its training; its check may land later
+    checkpoint.remove(cfg.save.checkpoint_dir)  # nothing left to resume
+    console.summary(recorder.run_id, recorder.uri, rows)
+    checked = final if snapshot is None else backend.to_host(snapshot.weights)
+    return PendingCheck(job, on_gpu, recorder, layout, checked, steps)

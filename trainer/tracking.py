@@ -238,9 +238,18 @@ class Recorder:
             else:
                 self.client.log_artifact(run_id, str(path))
 
-    def finish(self, status: str = "FINISHED") -> None:
+    def finish(self, status: str = "FINISHED", close: bool = True) -> None:
+        """End the run. Without ``close`` more writes follow its end (a check still computing):
+        :meth:`close` says when they are done."""
         self.flush()
-        self._end(status)
+        self._end(status, close)
+
+    def close(self) -> None:
+        """The writes that followed a ``finish(close=False)`` are done: a journal sends its last line."""
+        self.flush()
+        if self.journal is not None:
+            self._write({"op": "close"})
+            self._drain()
 
     def fail(self, status: str, error: str, rank: int) -> None:
         """End the run FAILED or KILLED, keeping the error (its last lines as a tag, all as a text)."""
@@ -250,11 +259,15 @@ class Recorder:
         self.log_text(error, f"error-rank{rank}.txt")
         self._end(status)
 
-    def _end(self, status: str) -> None:
+    def _end(self, status: str, close: bool = True) -> None:
         if self.journal is None:
             self.client.set_terminated(self._ready(), status)
             return
-        self._write({"op": "end", "status": status})
+        self._write({"op": "end", "status": status, "close": close})
+        if close:
+            self._drain()
+
+    def _drain(self) -> None:
         if not self._sender.drain(journal.DRAIN_S):  # the server is down: the journal keeps it all
             print(
                 f"the tracking server did not take run {self._run_id} in {journal.DRAIN_S:g} s "

@@ -5,14 +5,14 @@
 QUEUE is a folder of ``todo/<n>`` files, each holding the folder of one point (its config, as a
 cold job would run it); the sweeper may start workers before it writes them (their start-up
 overlaps its own), and they wait for the queue's seal, the sign that every ticket is there (or
-for the end of the sweeper that owns the queue). Rank 0 claims the
-next ticket by renaming it to ``claimed/<n>.<W>`` (atomic, so workers sharing a queue never take
-one point twice), the ranks train it with MPI, CuPy, MLflow and the data already loaded, and
-rank 0 writes ``result.json`` in the point's folder once the point's run has ended. A run trained
-on a GPU ends when its CPU reference (computed beside, trainer/reference_jobs.py) is there, while
-the worker trains the next points. The worker ends when the queue is sealed and empty and every
-run has ended. Workers that share GPUs (the local runner's) hold them only while they train a
-point (trainer/gpu_lease.py).
+for the end of the sweeper that owns the queue). Rank 0 claims the next ticket by renaming it to
+``claimed/<n>.<W>`` (atomic, so workers sharing a queue never take one point twice), the ranks
+train it with MPI, CuPy, MLflow and the data already loaded, and rank 0 writes ``result.json`` in
+the point's folder once the point's run has ended and its CPU check has landed. A run ends with
+its training; on a GPU its check (the reference computed beside, trainer/check.py) lands in it
+later, while the worker trains the next points. The worker ends when the queue is sealed and
+empty and every check has landed. Workers that share GPUs (the local runner's) hold them only
+while they train a point (trainer/gpu_lease.py).
 
 A point that fails on a world of one rank ends FAILED and the worker takes the next; on several
 ranks the failing rank aborts the world (the others may wait in a collective) and the sweeper
@@ -136,18 +136,15 @@ class _Datasets:
 def serve(queue: Path, name: str, world: parallel.World) -> int:
     """Train the queue's points until it is empty (0) or a point ended KILLED (its status)."""
     from trainer import reference_jobs
-    from trainer.run import KILLED_STATUS
 
     worker = f"{name}@{socket.gethostname()}:{os.getpid()}"
-    waiting: list[tuple[Path, float, Any]] = []  # rank 0's trained points whose runs wait for their reference
+    waiting: list[tuple[Path, float, Any]] = []  # rank 0's trained points whose check is still computing
     try:
         return _serve(queue, name, world, worker, waiting)
-    finally:  # SIGTERM, Ctrl-C or a bug: the runs still waiting end KILLED, and say so to the sweeper
-        again = waiting and requeued(KILLED_STATUS)  # unless the job runs again: they resume then
+    finally:  # SIGTERM, Ctrl-C or a bug: the runs ended FINISHED with their training; their checks are abandoned
         for point_dir, claimed_at, pending in waiting:
             pending.abandon()
-            if not again:
-                write_result(point_dir, KILLED_STATUS, worker, time.time() - claimed_at)
+            write_result(point_dir, 0, worker, time.time() - claimed_at)
         reference_jobs.shutdown()
 
 
@@ -195,9 +192,10 @@ def _next_point(
     from omegaconf import open_dict
 
     from trainer import metrics
+    from trainer.check import PendingCheck
     from trainer.config import Gemm, validate
     from trainer.errors import ConfigError
-    from trainer.run import Pending, train_and_defer
+    from trainer.run import train_and_defer
 
     point_dir = claim(queue, name, served) if world.rank == 0 else None
     claimed_at = time.time()
@@ -219,7 +217,7 @@ def _next_point(
         status, error = 2, traceback.format_exc()
     if not status:
         outcome = train_and_defer(cfg, world, ds, origin=claimed_at)
-        if isinstance(outcome, Pending):  # rank 0: result.json once the run has ended
+        if isinstance(outcome, PendingCheck):  # rank 0: result.json once the run has ended
             waiting.append((point_dir, claimed_at, outcome))
             if not outcome.beside:  # trained on the CPU: the next point must not share its cores
                 return _settle(waiting, worker, block=True)
@@ -233,18 +231,16 @@ def _next_point(
 
 
 def _settle(waiting: list[tuple[Path, float, Any]], worker: str, block: bool) -> int:
-    """End the waiting runs whose reference is there (with ``block``, all of them) and write their
-    results; KILLED_STATUS if one ended so (SIGTERM while waiting), else 0."""
+    """Log the checks whose reference is there (with ``block``, wait for all of them) and write their
+    points' results; KILLED_STATUS once a SIGTERM came (the worker serves no other point), else 0."""
     from trainer.run import KILLED_STATUS
 
     for item in [w for w in waiting if block or w[2].done()]:
-        waiting.remove(item)  # first: a SIGTERM from here on must not end a FINISHED run KILLED again
+        waiting.remove(item)  # first: a SIGTERM from here on must not abandon a check that landed
         point_dir, claimed_at, pending = item
         status = pending.finish()
         write_result(point_dir, status, worker, time.time() - claimed_at)
-        if status == KILLED_STATUS:
-            return status
-    return 0
+    return KILLED_STATUS if sigterm.seen() else 0
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -118,6 +118,8 @@ def csv_rows(points: list[Point], axis: list[str], fams: list, finished: list[Po
                 "final_loss": p.loss_epoch[-1][1] if p.loss_epoch else "",
                 "final_precision": p.precision[-1][1] if p.precision else "",
                 "weight_error_max": m.get(metrics.weight_error("max"), ""),
+                "check_steps": p.tags.get(metrics.TAG_CHECK_STEPS, ""),
+                "check": p.tags.get(metrics.TAG_CHECK, ""),
                 "batch_ms": m.get(metrics.phase_time("batch"), ""),
                 "batch_ms_q1": m.get(metrics.phase_quantile("batch", "q1"), ""),
                 "batch_ms_q3": m.get(metrics.phase_quantile("batch", "q3"), ""),

@@ -11,10 +11,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
+from trainer.errors import ConfigError
+
 if TYPE_CHECKING:
     from omegaconf import DictConfig
 
     from sweeper.points import Point, Shape
+
+
+class SchedulerAwayError(ConfigError):
+    """The scheduler's commands are not here or do not answer: a sweep cannot start, but its preview
+    (--dry-run) goes on from the config alone, saying what it could not check."""
 
 
 @runtime_checkable
@@ -43,11 +50,12 @@ class Runner(Protocol):
         ...
 
     def check(self, points: list[Point]) -> None:
-        """Pre-flight checks beyond one point (e.g. the Slurm partition); raises ConfigError."""
+        """Pre-flight checks beyond one point (e.g. the Slurm partition); raises ConfigError, or
+        SchedulerAwayError where the scheduler cannot be asked (after the checks that need it not)."""
         ...
 
     def preview(self, groups: dict[Shape, list[Point]]) -> dict[str, str]:
-        """What would be submitted, by shape description (empty when there is nothing to add)."""
+        """What would be submitted, by title (empty when there is nothing to add)."""
         ...
 
     def prestart(self, points: list[Point]) -> None:

@@ -9,6 +9,7 @@ import math
 import subprocess
 from dataclasses import dataclass
 
+from sweeper.runners.base import SchedulerAwayError
 from trainer.errors import ConfigError
 
 
@@ -69,9 +70,8 @@ def _ask(cmd: list[str]) -> str:
     try:
         result = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired) as e:
-        raise ConfigError(
-            f"launcher=slurm: `{' '.join(cmd)}` failed ({e}); run the sweep where Slurm answers"
-        ) from None
+        raise SchedulerAwayError(f"launcher=slurm: Slurm does not answer here (`{' '.join(cmd)}`: {e}); run the sweep "
+                        "where Slurm answers (a login node of the cluster)") from None  # fmt: skip
     if result.returncode != 0:
         raise ConfigError(f"launcher=slurm: `{' '.join(cmd)}` says: {(result.stderr or result.stdout).strip()}")
     return result.stdout

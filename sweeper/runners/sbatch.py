@@ -12,6 +12,7 @@ if TYPE_CHECKING:
     from omegaconf import DictConfig
 
     from sweeper.points import Shape
+    from sweeper.runners.bootstrap import Bootstrap
 
 # What submitit runs in each task (its pickled function, our run_point).
 SUBMIT_COMMAND = "python -u -m submitit.core._submit"
@@ -19,7 +20,7 @@ SUBMIT_COMMAND = "python -u -m submitit.core._submit"
 SUBMITIT_FIXED = {"signal": "USR2@90", "open-mode": "append", "wckey": "submitit"}
 
 # Parameters that are not #SBATCH options.
-NOT_SBATCH = ("array_parallelism", "srun_args", "setup", "additional_parameters")
+NOT_SBATCH = ("array_parallelism", "srun_args", "setup", "additional_parameters", "use_srun")
 
 
 def share(total: int, sizes: list[int]) -> list[int]:
@@ -34,11 +35,17 @@ def share(total: int, sizes: list[int]) -> list[int]:
 
 
 def slurm_parameters(
-    launcher: DictConfig, shape: Shape, job_name: str, n_points: int = 1, at_once: int | None = None
+    launcher: DictConfig,
+    shape: Shape,
+    job_name: str,
+    n_points: int = 1,
+    at_once: int | None = None,
+    bootstrap: Bootstrap | None = None,
 ) -> dict[str, Any]:
     """submitit SlurmExecutor parameters for one shape's job array (also what the preview renders);
     each job serves at most ``n_points`` points, and its time limit covers them; ``at_once`` of
-    them run at a time (the array's share of ``launcher.array_parallelism``)."""
+    them run at a time (the array's share of ``launcher.array_parallelism``). ``bootstrap``: srun's
+    PMI plugin (each task a rank), or mpiexec (the job's one process starts the ranks, no srun)."""
     params: dict[str, Any] = {
         "job_name": f"{job_name}:nproc={shape.nodes * shape.tasks_per_node}",  # squeue tells the shapes apart
         "nodes": shape.nodes,
@@ -46,10 +53,12 @@ def slurm_parameters(
         "cpus_per_task": launcher.cpus_per_task,
         "time": launcher.timeout_min * n_points,
         "array_parallelism": at_once or launcher.array_parallelism,
-        "srun_args": [f"--mpi={launcher.pmi}", *launcher.srun_args],
+        "srun_args": [*([f"--mpi={bootstrap.mode}"] if bootstrap and bootstrap.srun else []), *launcher.srun_args],
         "setup": [guarded(line) for line in launcher.setup],
         "additional_parameters": dict(launcher.sbatch_args),
     }
+    if bootstrap is not None and not bootstrap.srun:
+        params["use_srun"] = False
     if shape.gpus_per_task:
         params["gpus_per_node"] = shape.tasks_per_node
     for key in ("partition", "account", "qos", "mem", "constraint"):
@@ -78,6 +87,9 @@ def sbatch_preview(params: dict[str, Any], folder: Path, n_points: int) -> str:
     flags.update(params["additional_parameters"])
     lines = [sbatch_flag(key, flags[key]) for key in sorted(flags)]
     lines += params["setup"]
+    if not params.get("use_srun", True):  # one process on the allocation's first node: it runs mpiexec
+        lines.append(SUBMIT_COMMAND)
+        return "\n".join(lines)
     srun = ["srun", "--unbuffered", "--output", stdout, "--error", stderr, *params["srun_args"]]
     lines.append(f"{shlex.join(srun)} {SUBMIT_COMMAND}")
     return "\n".join(lines)

@@ -2,16 +2,16 @@
 
 Warm (``launcher.warm``, the default): each array task is one allocation whose srun step is a
 worker serving a chunk of ``points_per_job`` points (sweeper/runners/warm.py); its time limit
-covers the chunk. Cold: one array task per point. Each task of a job's srun step runs the job
-body and becomes one MPI rank through srun's PMI.
-The preview renders the sbatch lines from the same parameters the executor is given
-(sweeper/runners/sbatch.py).
+covers the chunk. Cold: one array task per point. How the ranks start fits the cluster
+(sweeper/runners/bootstrap.py): each task of a job's srun step runs the job body and becomes one
+MPI rank through srun's PMI, or the job body runs once, without srun, and starts the ranks with
+the MPI's mpiexec inside the allocation. The preview renders the sbatch lines from the same
+parameters the executor is given (sweeper/runners/sbatch.py).
 """
 
 from __future__ import annotations
 
 import math
-import shutil
 import subprocess
 import time
 from collections import Counter
@@ -20,10 +20,11 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from sweeper.point_job import run_point, run_worker
 from sweeper.points import Point, Shape
-from sweeper.runners import partition
+from sweeper.runners import bootstrap, partition
+from sweeper.runners.base import SchedulerAwayError
 from sweeper.runners.sbatch import sbatch_preview, share, slurm_parameters
 from sweeper.runners.warm import Queue, WarmPool
-from trainer import requeue
+from trainer import parallel, requeue
 from trainer.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -43,6 +44,8 @@ class SlurmRunner:
         self.launcher, self.folder, self.job_name = launcher, folder, job_name
         self.pool = WarmPool(folder, launcher.max_restarts) if launcher.warm else None
         self._partition: partition.Partition | None = None
+        self.away: SchedulerAwayError | None = None  # Slurm does not answer here: a preview goes on without it
+        self._bootstrap: bootstrap.Bootstrap | None = None
         self.submitted: list[str] = []  # the ids of jobs not seen ended yet, for squeue
         self.jobs: dict[str, Job] = {}
         self._pending: tuple[float, dict[str, int]] = (0.0, {})  # when squeue was last asked, and its answer
@@ -62,30 +65,49 @@ class SlurmRunner:
         cmd = ["sbatch", "--test-only", f"--partition={name}", "--wrap=true"]
         try:
             result = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
-        except FileNotFoundError as e:
-            raise ConfigError(
-                "launcher=slurm but sbatch is not installed here; run the sweep on a Slurm login node"
-            ) from e
+        except (OSError, subprocess.TimeoutExpired) as e:
+            raise SchedulerAwayError(
+                f"launcher=slurm: Slurm does not answer here (sbatch: {e}); run the sweep on a Slurm login node"
+            ) from None
         if result.returncode != 0:
             msg = result.stderr.strip() or result.stdout.strip()
             raise ConfigError(f"launcher.partition={name}: Slurm says: {msg}")
 
-    def per_node(self) -> tuple[int, int, int]:
+    def per_node(self, point: Point | None = None) -> tuple[int, int, int]:
         """Ranks and GPUs per node, and the most nodes a point spans: as configured, else the partition's
-        (with GPUs, one rank per GPU; on CPUs, one per cpus_per_task of the node's CPUs)."""
+        (with GPUs, one rank per GPU; on CPUs, one per cpus_per_task of the node's CPUs). Where Slurm
+        does not answer (a preview away from the cluster), what is not configured is assumed: all of
+        ``point``'s ranks on one node, one GPU each unless it runs on the CPU."""
         launcher = self.launcher
+        configured = (launcher.gpus_per_node, launcher.ranks_per_node, launcher.max_nodes)
+        limits = self._limits() if None in configured else None
+        nproc = point.nproc if point is not None else 1
         gpus = launcher.gpus_per_node
-        if gpus is None:
-            gpus = self.partition_limits().gpus_per_node
+        if gpus is None and limits is not None:
+            gpus = limits.gpus_per_node
+        elif gpus is None:  # assumed: a GPU per rank, unless the point runs on the CPU
+            gpus = 0 if point is not None and point.trainer.device.value == "cpu" else nproc
         ranks = gpus or launcher.ranks_per_node
         if ranks is None:
-            ranks = max(1, self.partition_limits().cpus_per_node // launcher.cpus_per_task)
-        nodes = launcher.max_nodes if launcher.max_nodes is not None else self.partition_limits().nodes
+            ranks = max(1, limits.cpus_per_node // launcher.cpus_per_task) if limits else nproc
+        nodes = launcher.max_nodes
+        if nodes is None:
+            nodes = limits.nodes if limits else 1
         return ranks, gpus, nodes
+
+    def _limits(self) -> partition.Partition | None:
+        """The partition's limits; None (and ``away`` says why) where Slurm does not answer."""
+        if self.away is not None:
+            return None
+        try:
+            return self.partition_limits()
+        except SchedulerAwayError as e:
+            self.away = e
+            return None
 
     def shape(self, point: Point) -> Shape:
         """nproc ranks over ceil(nproc / ranks per node) nodes, evenly; one GPU each on GPUs."""
-        per_node, gpus, max_nodes = self.per_node()
+        per_node, gpus, max_nodes = self.per_node(point)
         capacity = per_node * max_nodes
         if point.nproc > capacity:
             raise ConfigError(
@@ -101,15 +123,27 @@ class SlurmRunner:
         return Shape(nodes, point.nproc // nodes, int(gpus > 0))
 
     def check(self, points: list[Point]) -> None:
-        """Ask the scheduler whether the partition exists (its own message if not), then hold the
-        points to its limits: a job it can never start would pend forever."""
-        if shutil.which("scontrol") is None:
-            self._test_partition()
-            return  # a preview away from the cluster, every per-node value configured: nothing to ask
+        """Choose how ranks start (the MPI and srun's plugins), ask the scheduler whether the partition
+        exists (its own message if not), then hold the points to its limits: a job it can never
+        start would pend forever. Where Slurm does not answer, SchedulerAwayError after the choice."""
+        mpiexec = points[0].trainer.mpi.mpiexec if points else None
+        self._bootstrap = bootstrap.detect(self.launcher.pmi.value, mpiexec, self.launcher.partition)
+        if self.away is not None:
+            raise self.away
         longest = max(Counter(p.shape for p in points).values()) if self.pool is not None else 1
         check_limits(
             self.launcher, self.partition_limits(), self.per_node(), min(longest, self.launcher.points_per_job)
         )
+
+    @property
+    def bootstrap(self) -> bootstrap.Bootstrap:
+        """How ranks start: :meth:`check` chose it; before, an explicit srun plugin as configured."""
+        if self._bootstrap is None:
+            pmi = self.launcher.pmi.value
+            if pmi in ("pmi2", "pmix"):
+                return bootstrap.configured(pmi)
+            self._bootstrap = bootstrap.detect(pmi, None, self.launcher.partition)
+        return self._bootstrap
 
     def preview(self, groups: dict[Shape, list[Point]]) -> dict[str, str]:
         arrays = []
@@ -120,14 +154,20 @@ class SlurmRunner:
                 n_jobs = math.ceil(len(members) / per_job)
             arrays.append((shape, n_jobs, per_job))
         shares = share(self.launcher.array_parallelism, [n_jobs for _, n_jobs, _ in arrays])
-        out = {}
+        out = {"how the ranks start": self.bootstrap.why}
         for (shape, n_jobs, per_job), at_once in zip(arrays, shares):
-            title = f"{shape.describe()}; {n_jobs} job(s) of {per_job} point(s)"
+            title = f"job array for {shape.describe()}; {n_jobs} job(s) of {per_job} point(s)"
             out[title] = sbatch_preview(self.parameters(shape, per_job, at_once), self.folder / "%j", n_jobs)
         return out
 
     def parameters(self, shape: Shape, n_points: int = 1, at_once: int | None = None) -> dict[str, Any]:
-        return slurm_parameters(self.launcher, shape, self.job_name, n_points, at_once)
+        return slurm_parameters(self.launcher, shape, self.job_name, n_points, at_once, self.bootstrap)
+
+    def launch(self, shape: Shape) -> list[str] | None:
+        """What starts a job's ranks where srun does not (launcher.pmi=mpiexec): the MPI's mpiexec."""
+        if self.bootstrap.srun:
+            return None
+        return [self.bootstrap.mpiexec or "mpiexec", "-n", str(shape.nodes * shape.tasks_per_node)]
 
     def prestart(self, points: list[Point]) -> None:
         pass  # a Slurm job may wait in the queue for minutes: submitted with its tickets
@@ -141,7 +181,8 @@ class SlurmRunner:
             by_shape.setdefault(p.shape, []).append(p)
         shares = share(self.launcher.array_parallelism, [len(todo) for todo in by_shape.values()])
         for (shape, todo), at_once in zip(by_shape.items(), shares):
-            jobs = self._submit(shape, 1, [(run_point, str(p.dir), self.env()) for p in todo], at_once)
+            calls = [(run_point, str(p.dir), self.env(shape), self.launch(shape)) for p in todo]
+            jobs = self._submit(shape, 1, calls, at_once)
             for p, job in zip(todo, jobs):
                 queued.remove(p)
                 started.append((p, job))
@@ -160,17 +201,20 @@ class SlurmRunner:
         shares = share(self.launcher.array_parallelism, [len(qs) for qs in by_shape.values()])
         for (shape, qs), at_once in zip(by_shape.items(), shares):
             names = [pool.new_name() for _ in qs]
-            calls = [
-                (run_worker, str(q.dir), n, q.nproc, q.mpiexec, {**q.env, **self.env()}) for q, n in zip(qs, names)
-            ]
+            env, launch = {**q.env, **self.env(shape)}, self.launch(shape)
+            calls = [(run_worker, str(q.dir), n, q.nproc, q.mpiexec, env, launch) for q, n in zip(qs, names)]
             jobs = self._submit(shape, max(len(q.points) for q in qs), calls, at_once)
             for q, name, job in zip(qs, names, jobs):
                 q.workers[name] = job
         return pool.tickets(queued)
 
-    def env(self) -> dict[str, str]:
-        """What every job's trainer is told beyond its config: how often it may requeue itself."""
-        return {requeue.MAX_REQUEUES: str(self.launcher.max_requeues)}
+    def env(self, shape: Shape) -> dict[str, str]:
+        """What every job's trainer is told beyond its config: how often it may requeue itself, and
+        what an mpiexec inside the allocation needs (on one node: its ranks on loopback)."""
+        env = {requeue.MAX_REQUEUES: str(self.launcher.max_requeues)}
+        if not self.bootstrap.srun:
+            env.update(parallel.mpiexec_settings(one_host=shape.nodes == 1))
+        return env
 
     def _submit(self, shape: Shape, n_points: int, calls: list[tuple], at_once: int) -> list[Job]:
         """One job array of ``calls`` (function, arguments), each allocation timed for ``n_points``,

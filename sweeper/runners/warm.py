@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from sweeper import job_end
 from sweeper.point_job import PointFailedError
 from trainer import worker as protocol
 
@@ -37,6 +38,7 @@ class Queue:
     ended: set[str] = field(default_factory=set)  # workers whose end the pool has handled
     restarts: int = 0
     given_up: str = ""  # why no worker serves the rest: the points left fail (or are KILLED) with it
+    last_ended: Job | None = None  # the worker whose end gave the queue up: its logs say why
     sealed: bool = False  # its tickets are written: workers may end when it is empty
 
     @property
@@ -97,10 +99,11 @@ class Ticket:
     """One point in a worker's hands, as the watch loop sees a job: done once the worker wrote
     the point's result, or ended without writing it."""
 
-    def __init__(self, point: Point, worker: Job | None, name: str, failure: str = "") -> None:
+    def __init__(self, point: Point, worker: Job | None, name: str, failure: str = "", paths: Any = None) -> None:
+        """``paths``: where the logs are of the worker that gave its queue up, for a point none took."""
         self.point, self.worker, self.name, self.failure = point, worker, name, failure
         self.job_id = f"{worker.job_id}/{name}" if worker is not None else "none"
-        self.paths = worker.paths if worker is not None else None
+        self.paths = worker.paths if worker is not None else paths
 
     def _result(self) -> dict | None:
         try:
@@ -130,13 +133,11 @@ class Ticket:
 
 
 def ended_how(job: Job) -> str:
-    """Why a worker's job ended; says CANCELLED when the scheduler or the sweep cancelled it. Asked
-    once per job: submitit waits seconds for the result file of a job killed before it wrote one."""
+    """Why a worker's job ended (its first line: the state and the error; then the cause's lines from
+    its logs); says CANCELLED when the scheduler or the sweep cancelled it. Asked once per job:
+    submitit waits seconds for the result file of a job killed before it wrote one."""
     if job.job_id not in _ENDED_HOW:
-        state = str(getattr(job, "state", ""))
-        error = job.exception()
-        text = f"{state}: {error}" if state and state not in str(error) else str(error)
-        _ENDED_HOW[job.job_id] = text or "it exited"
+        _ENDED_HOW[job.job_id] = job_end.describe(job)
     return _ENDED_HOW[job.job_id]
 
 
@@ -210,7 +211,8 @@ class WarmPool:
                     name = claims[p.index]
                     ticket = Ticket(p, q.workers.get(name), name, f"worker {name} is not one of this sweep's")
                 elif q.given_up:
-                    ticket = Ticket(p, None, "none", q.given_up)
+                    paths = q.last_ended.paths if q.last_ended is not None else None
+                    ticket = Ticket(p, None, "none", q.given_up, paths)
                 else:
                     continue
                 self.started.add(p.index)
@@ -231,6 +233,7 @@ class WarmPool:
                 if q.unclaimed() == 0 or q.given_up:
                     continue
                 how = ended_how(job)
+                q.last_ended = job
                 if self.stopping or "CANCELLED" in how:  # scancel, Ctrl-C, a time limit: no restart
                     q.given_up = f"CANCELLED: the worker's job was cancelled before this point ran ({how})"
                 elif job.exception() is not None:
