@@ -19,10 +19,11 @@ install: $(STAMP)
 run: $(STAMP)
 	$(BIN)/python -m sweeper -m hidden=128,512 nproc=1,2
 
-## The whole suite (what CI runs). GPU tests are skipped with a reason on machines without one.
+## The whole suite (what CI runs: .ci/run). As root with apt-get it brings up Slurm, PostgreSQL + the
+## MLflow server and a headless browser first, and puts back what it started (scripts/test.sh);
+## elsewhere their tests, and the GPU tests without a GPU, are skipped with a reason.
 test: $(STAMP)
-	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -n 2 --dist loadgroup
+	bash scripts/test.sh
 
 ## On a GPU machine: the GPU tests only.
 test-gpu: $(STAMP)

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from trainer import data  # noqa: E402
+from trainer import data, idx
 
 N = {"train": 2000, "t10k": 1000}
 
@@ -24,8 +24,8 @@ def main(source: str) -> None:
     out = Path(__file__).resolve().parents[1] / "trainer" / "embedded"
     out.mkdir(exist_ok=True)
     for key, stem in data.FILES.items():
-        magic = data.IMAGES_MAGIC if "images" in key else data.LABELS_MAGIC
-        array = data.read_idx(data._find(Path(source), stem), magic)[: N[stem.split("-")[0]]]
+        magic = idx.IMAGES_MAGIC if "images" in key else idx.LABELS_MAGIC
+        array = idx.read_idx(data._find(Path(source), stem), magic)[: N[stem.split("-")[0]]]
         a = np.ascontiguousarray(array, dtype=np.uint8)
         header = magic.to_bytes(4, "big") + b"".join(d.to_bytes(4, "big") for d in a.shape)
         with open(out / f"{stem}.gz", "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as f:

@@ -22,7 +22,7 @@ def absolute_uri(uri: str) -> str:
 
 class SweepRecord:
     def __init__(self, uri: str, experiment: str) -> None:
-        self.uri = absolute_uri(uri)
+        self.uri, self.experiment = absolute_uri(uri), experiment
         self.client = tracking.client(self.uri)
         self.experiment_id = tracking.ensure_experiment(self.client, self.uri, experiment)
         self.parent_id: str | None = None

@@ -14,90 +14,125 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from sweeper import display
+from sweeper import display, timeline
 from sweeper.collect import collect
 from sweeper.config import FLAGS, validate_sweep
 from sweeper.plan import plan
 from sweeper.point_files import prepare
 from sweeper.points import Point
 from sweeper.records import SweepRecord, absolute_uri
+from sweeper.report import drawing
 from sweeper.runners.base import Runner, SchedulerAwayError, make_runner
 from sweeper.runners.earlier import EarlierJob
 from sweeper.runners.warm import withdraw_unclaimed
+from sweeper.timeline import phase
 from sweeper.watch import watch
 from trainer import data, journal, limits, metrics, provenance, tracking, uri_check
 
 
 def run_sweep(base: DictConfig, points: list[Point], sweep_dir: Path, overrides: list[str]) -> int:
     """Run the points Hydra expanded; the exit status: 0 all finished, 1 some failed, 130 interrupted."""
-    validate_sweep(base)
     launcher, opts = base.launcher, base.sweep
-    sweep_id = uuid.uuid4().hex[:8]
-    runner = make_runner(launcher, sweep_dir, f"sweepscale-{sweep_id}")
-
-    groups = plan(points, runner)  # every check before anything is submitted or recorded
-    points, groups = distinct(points, groups)
-    check_data(points)
-    unchecked = ""
-    try:
-        runner.check(points)
-    except SchedulerAwayError as e:  # a preview needs no cluster: it says what it could not check
-        if not opts.dry_run:
-            raise
-        unchecked = str(e)
-    uri = absolute_uri(tracking.tracking_uri(base.mlflow.tracking_uri))
-    uri_check.check_uri(uri)
+    mlflow_import = tracking.import_in_background()  # seconds of imports, beside the planning
+    with phase("plan"):  # every check before anything is submitted or recorded
+        validate_sweep(base)
+        sweep_id = uuid.uuid4().hex[:8]
+        runner = make_runner(launcher, sweep_dir, f"sweepscale-{sweep_id}")
+        groups = plan(points, runner)
+        points, groups = distinct(points, groups)
+    with phase("data check"):
+        check_data(points)
+    with phase("scheduler and store checks"):
+        unchecked = preflight(runner, points, opts.dry_run)
+        uri = absolute_uri(tracking.tracking_uri(base.mlflow.tracking_uri))
+        uri_check.check_uri(uri)
     if opts.dry_run:
         preview(points, runner.preview(groups), unchecked)
         return 0
 
-    runner.prestart(points)  # warm workers start up while MLflow is imported and the parent recorded
+    with phase("workers' start"):
+        runner.prestart(points)  # warm workers start up while MLflow is imported and the parent recorded
     record = None
     try:
-        experiment = tracking.experiment_name(base.mlflow.experiment)
-        record = SweepRecord(uri, experiment)
-        closed, going_on = record.close_orphans(runner.live)
-        for folder in closed:
-            display.console.print(f"sweep {folder}: its sweeper is gone; its runs left RUNNING are now KILLED")
-            if going_on:  # its live jobs end after the points they train: this sweep runs the rest
-                withdraw_unclaimed(Path(folder))
-        done_before = resume(record, points, opts.force)
-        earlier = {
-            p.index: (p, EarlierJob(record.client, *going_on[p.config_hash], runner.live))
-            for p in points
-            if p.config_hash in going_on and p.config_hash not in done_before
-        }
-        for p, job in earlier.values():
-            display.console.print(f"watch {p.name}: run {job.run_id} goes on in job {job.job_id} of an earlier sweep")
-        todo = [p for p in points if p.config_hash not in done_before and p.index not in earlier]
-
-        reused = {**done_before, **{p.config_hash: job.run_id for p, job in earlier.values()}}
-        parent_id = start_parent(record, runner, sweep_id, points, reused, sweep_dir, overrides)
-        display.console.print(
-            f"sweep {sweep_id}: {len(todo)} point(s) to run, MLflow parent run {parent_id}, folder {sweep_dir}"
-        )
-        for p in todo:
-            prepare(p, uri, experiment, parent_id, sweep_id, runner.checkpoints)
-
-        flight = watch(runner, todo, len(points), len(done_before), opts.poll_s, earlier)
+        with phase("store: parent run, resume"):
+            mlflow_import.join()
+            record = SweepRecord(uri, tracking.experiment_name(base.mlflow.experiment))
+            todo, done_before, earlier = open_sweep(record, runner, sweep_id, points, sweep_dir, overrides, opts.force)
+        with phase("runs"):
+            drawing.warm_up()  # the report's drawers start beside the runs
+            flight = watch(runner, todo, len(points), len(done_before), opts.poll_s, earlier)
     except BaseException as e:  # e.g. the store refused the parent, sbatch refused a job
+        drawing.stop()
         runner.stop()  # the workers waiting for points end
         if record is not None:
             record.abandon(e)  # no run of this sweep stays RUNNING
         raise
-    if uri.startswith(("http://", "https://")):  # what points left while the server was away
-        for path, what in journal.send_left(sweep_dir):
-            display.console.print(f"tracking journal of {path.parent.name}: {what}")
-    if flight.interrupted:
-        record.kill_running(sweep_id)  # runs whose trainer could not say so
-
-    outcomes = collect(record, sweep_id, points, done_before, flight, {p.name: j.run_id for p, j in earlier.values()})
-    add_jobs(runner, outcomes)
-    display.summary(outcomes)
-    ok = all(o.status in ("FINISHED", "SKIPPED") for o in outcomes)
-    record.end_parent("KILLED" if flight.interrupted else "FINISHED" if ok else "FAILED")
-    write_report(record, sweep_dir)
+    with phase("collect"):
+        if uri.startswith(("http://", "https://")):  # what points left while the server was away
+            for path, what in journal.send_left(sweep_dir):
+                display.console.print(f"tracking journal of {path.parent.name}: {what}")
+        if flight.interrupted:
+            record.kill_running(sweep_id)  # runs whose trainer could not say so
+        watched = {p.name: j.run_id for p, j in earlier.values()}
+        outcomes = collect(record, sweep_id, points, done_before, flight, watched)
+        add_jobs(runner, outcomes)
+        display.summary(outcomes)
+        ok = all(o.status in ("FINISHED", "SKIPPED") for o in outcomes)
+        record.end_parent("KILLED" if flight.interrupted else "FINISHED" if ok else "FAILED")
+    with phase("report"):
+        write_report(record, sweep_dir)
+        drawing.stop()
+    timeline.write(sweep_dir)
     return 130 if flight.interrupted else 0 if ok else 1
+
+
+def preflight(runner: Runner, points: list[Point], dry_run: bool) -> str:
+    """The runner's checks (Slurm: the partition, how ranks start); "" or, in a preview where the
+    scheduler does not answer, what could not be checked."""
+    try:
+        runner.check(points)
+    except SchedulerAwayError as e:  # a preview needs no cluster: it says what it could not check
+        if not dry_run:
+            raise
+        return str(e)
+    return ""
+
+
+def open_sweep(
+    record: SweepRecord,
+    runner: Runner,
+    sweep_id: str,
+    points: list[Point],
+    sweep_dir: Path,
+    overrides: list[str],
+    force: bool,
+) -> tuple[list[Point], dict[str, str], dict[int, tuple[Point, EarlierJob]]]:
+    """Close the sweeps whose sweeper died, find what earlier sweeps finished or still train, record
+    the parent run and write each point's config: the points to run, the hashes of those done
+    before (-> their runs) and the points an earlier sweep's live job trains (index -> its job)."""
+    closed, going_on = record.close_orphans(runner.live)
+    for folder in closed:
+        display.console.print(f"sweep {folder}: its sweeper is gone; its runs left RUNNING are now KILLED")
+        if going_on:  # its live jobs end after the points they train: this sweep runs the rest
+            withdraw_unclaimed(Path(folder))
+    done_before = resume(record, points, force)
+    earlier = {
+        p.index: (p, EarlierJob(record.client, *going_on[p.config_hash], runner.live))
+        for p in points
+        if p.config_hash in going_on and p.config_hash not in done_before
+    }
+    for p, job in earlier.values():
+        display.console.print(f"watch {p.name}: run {job.run_id} goes on in job {job.job_id} of an earlier sweep")
+    todo = [p for p in points if p.config_hash not in done_before and p.index not in earlier]
+    reused = {**done_before, **{p.config_hash: job.run_id for p, job in earlier.values()}}
+    parent_id = start_parent(record, runner, sweep_id, points, reused, sweep_dir, overrides)
+    display.console.print(
+        f"sweep {sweep_id}: {len(todo)} point(s) to run, MLflow parent run {parent_id}, folder {sweep_dir}"
+    )
+    display.console.print(f"ranks start: {runner.ranks_start}")
+    for p in todo:
+        prepare(p, record.uri, record.experiment, parent_id, sweep_id, runner.checkpoints)
+    return todo, done_before, earlier
 
 
 def add_jobs(runner: Runner, outcomes: list[display.Outcome]) -> None:
@@ -126,15 +161,15 @@ def distinct(points: list[Point], groups: dict) -> tuple[list[Point], dict]:
 
 
 def check_data(points: list[Point]) -> None:
-    """Load each distinct data set once and try each folder the runs write into (the reference
-    cache), so that a bad folder or file stops the sweep before submission."""
+    """Check each distinct data set's files by their headers and sizes, and try each folder the runs
+    write into (the reference cache), so that a bad folder or file stops the sweep before submission."""
     seen: set[tuple] = set()
     for p in points:
         d, c = p.trainer.data, p.trainer.check
         key = (d.dir, d.n_train, d.n_test)
         if key not in seen:
             seen.add(key)
-            data.load(d.dir, d.n_train, d.n_test, "float32")
+            data.check(d.dir, d.n_train, d.n_test)
         if (c.reference, c.cache_dir) not in seen:
             seen.add((c.reference, c.cache_dir))
             limits.check_folders(p.trainer)
@@ -179,7 +214,12 @@ def start_parent(
     planned = [
         {"name": p.name, "config_hash": p.config_hash, "reused_run": done_before.get(p.config_hash)} for p in points
     ]
-    extra = {metrics.TAG_COMMAND: command_line(), metrics.TAG_SWEEP_DIR: str(sweep_dir), **provenance.code_tags()}
+    extra = {
+        metrics.TAG_COMMAND: command_line(),
+        metrics.TAG_SWEEP_DIR: str(sweep_dir),
+        metrics.TAG_RANKS_START: runner.ranks_start,
+        **provenance.code_tags(),
+    }
     return record.start_parent(sweep_id, parent_name(points), overrides, planned, runner.scheduler, extra)
 
 

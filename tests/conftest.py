@@ -6,12 +6,13 @@ import os
 import shutil
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
 from tests.browser import chromium_path, playwright_available
-from trainer import data
+from trainer import data, idx
 
 ROOT = Path(__file__).resolve().parents[1]
 MPIEXEC = shutil.which("mpiexec", path=os.path.dirname(sys.executable)) or shutil.which("mpiexec")
@@ -48,6 +49,22 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.xdist_group("services"))
 
 
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    """The skipped tests counted by why, last before pytest's own closing line: what a newcomer's
+    machine lacks, and the command that gives it."""
+    skipped = terminalreporter.stats.get("skipped", [])
+    if not skipped:
+        return
+    reasons: dict[str, int] = {}
+    for report in skipped:
+        reason = str(report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr)
+        reason = reason.removeprefix("Skipped: ")
+        reasons[reason] = reasons.get(reason, 0) + 1
+    terminalreporter.write_sep("-", f"{len(skipped)} skipped, by why")
+    for reason, n in sorted(reasons.items(), key=lambda item: -item[1]):
+        terminalreporter.write_line(f"{n:4d}  {reason}")
+
+
 @pytest.fixture(params=["numpy", pytest.param("cupy", marks=pytest.mark.gpu)])
 def xp(request: pytest.FixtureRequest):
     """The array module: every array test runs with NumPy and, on a GPU machine, with CuPy."""
@@ -64,10 +81,10 @@ def write_idx_set(folder: Path, n_train: int, n_test: int, gz: bool = True) -> P
     folder.mkdir(parents=True, exist_ok=True)
     ext = ".gz" if gz else ""
     side = data.SIDE
-    data.write_idx(folder / f"{data.FILES['train_images']}{ext}", ds.x_train[:n_train].reshape(-1, side, side))
-    data.write_idx(folder / f"{data.FILES['train_labels']}{ext}", ds.y_train[:n_train])
-    data.write_idx(folder / f"{data.FILES['test_images']}{ext}", ds.x_test[:n_test].reshape(-1, side, side))
-    data.write_idx(folder / f"{data.FILES['test_labels']}{ext}", ds.y_test[:n_test])
+    idx.write_idx(folder / f"{data.FILES['train_images']}{ext}", ds.x_train[:n_train].reshape(-1, side, side))
+    idx.write_idx(folder / f"{data.FILES['train_labels']}{ext}", ds.y_train[:n_train])
+    idx.write_idx(folder / f"{data.FILES['test_images']}{ext}", ds.x_test[:n_test].reshape(-1, side, side))
+    idx.write_idx(folder / f"{data.FILES['test_labels']}{ext}", ds.y_test[:n_test])
     return folder
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import write_idx_set
-from trainer import data
+from trainer import data, idx
 from trainer.errors import ConfigError
 
 
@@ -28,7 +28,7 @@ def test_idx_round_trip_scaled_to_unit_interval(tmp_path: Path, gz: bool):
 def test_pixels_are_integer_levels(idx_dir: Path, dtype: str):
     """What the fused step's bf16x3 and two-product tf32x3 GEMMs rely on (trainer/gpu/fused_step.py, x_levels):
     every pixel is k / PIXEL_LEVELS, and k = rint(x PIXEL_LEVELS) gives the file's bytes back."""
-    raw = data.read_idx(data._find(idx_dir, data.FILES["train_images"]), data.IMAGES_MAGIC).reshape(-1, 784)
+    raw = idx.read_idx(data._find(idx_dir, data.FILES["train_images"]), idx.IMAGES_MAGIC).reshape(-1, 784)
     ds = data.load(str(idx_dir), None, None, dtype)
     k = np.rint(ds.x_train * np.asarray(data.PIXEL_LEVELS, dtype=dtype))
     np.testing.assert_array_equal(k, raw)
@@ -94,7 +94,7 @@ def test_corrupt_gzip(idx_dir: Path):
 
 def test_count_mismatch(tmp_path: Path):
     folder = write_idx_set(tmp_path, n_train=40, n_test=10)
-    data.write_idx(folder / "train-labels-idx1-ubyte.gz", np.zeros(39, dtype=np.uint8))
+    idx.write_idx(folder / "train-labels-idx1-ubyte.gz", np.zeros(39, dtype=np.uint8))
     with pytest.raises(ConfigError, match=r"holds 40 images but .*train-labels-idx1-ubyte.gz holds 39 labels"):
         data.load(str(folder), None, None, "float32")
 
@@ -111,7 +111,7 @@ def test_full_mnist_header_is_read_when_present():
     folder = Path(__file__).resolve().parents[2] / "shared" / "data" / "mnist"
     if not folder.is_dir():
         pytest.skip(f"full MNIST not at {folder} (only the developers' machines have it)")
-    x = data.read_idx(folder / "t10k-labels-idx1-ubyte.gz", data.LABELS_MAGIC)
+    x = idx.read_idx(folder / "t10k-labels-idx1-ubyte.gz", idx.LABELS_MAGIC)
     assert x.shape == (10000,)
 
 
@@ -120,7 +120,7 @@ def test_byte_scale_gives_the_file_bytes(idx_dir: Path, dtype: str):
     """data.scale=byte: the pixels as the course's read_mnist gives them, the bytes 0..255 unscaled;
     unit is the same bytes / 255. Both are k / pixel_levels(scale) with k a byte, which the fused
     step's x_levels relies on (trainer/gpu/fused_step.py: rint(x levels) is k, exact in BF16 and TF32)."""
-    raw = data.read_idx(data._find(idx_dir, data.FILES["train_images"]), data.IMAGES_MAGIC).reshape(-1, 784)
+    raw = idx.read_idx(data._find(idx_dir, data.FILES["train_images"]), idx.IMAGES_MAGIC).reshape(-1, 784)
     byte = data.load(str(idx_dir), None, None, dtype, scale="byte")
     unit = data.load(str(idx_dir), None, None, dtype, scale="unit")
     assert byte.x_train.dtype == np.dtype(dtype) and byte.x_train.max() == raw.max() > 1
@@ -148,11 +148,11 @@ def test_a_header_whose_product_wraps_in_int64_is_refused(tmp_path: Path):
     # 2^22 x 2^21 x 2^21 = 2^64: zero in int64 arithmetic, so a file of 16 header bytes "fit" it.
     path = tmp_path / "train-images-idx3-ubyte"
     dims = (1 << 22, 1 << 21, 1 << 21)
-    path.write_bytes(data.IMAGES_MAGIC.to_bytes(4, "big") + b"".join(d.to_bytes(4, "big") for d in dims))
+    path.write_bytes(idx.IMAGES_MAGIC.to_bytes(4, "big") + b"".join(d.to_bytes(4, "big") for d in dims))
     with pytest.raises(
         ConfigError, match=r"the header declares \(4194304, 2097152, 2097152\), 18446744073709551616 bytes"
     ):
-        data.read_idx(path, data.IMAGES_MAGIC)
+        idx.read_idx(path, idx.IMAGES_MAGIC)
 
 
 def test_a_gzip_bomb_is_not_inflated_past_its_header(tmp_path: Path):
@@ -162,7 +162,7 @@ def test_a_gzip_bomb_is_not_inflated_past_its_header(tmp_path: Path):
     import zlib
 
     path = tmp_path / "train-images-idx3-ubyte.gz"
-    header = data.IMAGES_MAGIC.to_bytes(4, "big") + b"".join(d.to_bytes(4, "big") for d in (10, 28, 28))
+    header = idx.IMAGES_MAGIC.to_bytes(4, "big") + b"".join(d.to_bytes(4, "big") for d in (10, 28, 28))
     packer = zlib.compressobj(9, zlib.DEFLATED, 31)  # 31: the gzip container
     chunks = [packer.compress(header)] + [packer.compress(bytes(1 << 20)) for _ in range(200)] + [packer.flush()]
     path.write_bytes(b"".join(chunks))
@@ -171,7 +171,7 @@ def test_a_gzip_bomb_is_not_inflated_past_its_header(tmp_path: Path):
     with pytest.raises(
         ConfigError, match=r"truncated or padded: header says \(10, 28, 28\) \(7856 bytes\) but the file has more"
     ):
-        data.read_idx(path, data.IMAGES_MAGIC)
+        idx.read_idx(path, idx.IMAGES_MAGIC)
     grown_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
     assert grown_mib < 50  # the whole stream would take 200 MiB
 
@@ -185,6 +185,69 @@ def test_an_idx_training_set_without_images_is_named(tmp_path: Path):
 def test_test_images_of_another_size_are_named(tmp_path: Path):
     """The network's input width is the training images': a test set of other images is refused."""
     folder = write_idx_set(tmp_path, n_train=5, n_test=5)
-    data.write_idx(folder / f"{data.FILES['test_images']}.gz", np.zeros((5, 10, 10), np.uint8))
+    idx.write_idx(folder / f"{data.FILES['test_images']}.gz", np.zeros((5, 10, 10), np.uint8))
     with pytest.raises(ConfigError, match=r"t10k-images-idx3-ubyte.gz: images of 100 pixels, but the training"):
         data.load_idx_folder(folder)
+
+
+def _truncate(folder: Path) -> None:
+    path = folder / "train-images-idx3-ubyte.gz"
+    path.write_bytes(gzip.compress(gzip.decompress(path.read_bytes())[:-100]))
+
+
+def _cut_gzip(folder: Path) -> None:
+    path = folder / "train-images-idx3-ubyte.gz"
+    path.write_bytes(path.read_bytes()[:200])
+
+
+def _pad_raw(folder: Path) -> None:
+    path = folder / "train-labels-idx1-ubyte.gz"
+    raw = gzip.decompress(path.read_bytes())
+    path.unlink()
+    (folder / "train-labels-idx1-ubyte").write_bytes(raw + b"\0")
+
+
+def _swap_magic(folder: Path) -> None:
+    (folder / "train-labels-idx1-ubyte.gz").write_bytes((folder / "train-images-idx3-ubyte.gz").read_bytes())
+
+
+def _fewer_labels(folder: Path) -> None:
+    idx.write_idx(folder / "train-labels-idx1-ubyte.gz", np.zeros(59, dtype=np.uint8))
+
+
+def _narrow_test_images(folder: Path) -> None:
+    idx.write_idx(folder / "t10k-images-idx3-ubyte.gz", np.zeros((30, 10, 10), np.uint8))
+
+
+@pytest.mark.parametrize(
+    ("damage", "n_train", "message"),
+    [
+        (lambda f: (f / "t10k-labels-idx1-ubyte.gz").unlink(), None, r"no file 't10k-labels-idx1-ubyte' or"),
+        (_swap_magic, None, r"train-labels-idx1-ubyte.gz: wrong IDX magic number 0x00000803, expected 0x00000801"),
+        (_truncate, None, r"train-images-idx3-ubyte.gz: truncated or padded: header says \(60, 28, 28\)"),
+        (_cut_gzip, None, r"train-images-idx3-ubyte.gz: truncated or padded"),
+        (_pad_raw, None, r"train-labels-idx1-ubyte: truncated or padded: header says \(60,\) \(68 bytes\)"),
+        (_fewer_labels, None, r"holds 60 images but .*train-labels-idx1-ubyte.gz holds 59 labels"),
+        (_narrow_test_images, None, r"t10k-images-idx3-ubyte.gz: images of 100 pixels, but the training"),
+        (lambda f: None, 61, r"data.n_train=61 is larger than the 60 samples in .*; set data.n_train<=60 or null"),
+    ],
+)
+def test_the_header_check_finds_what_loading_would(idx_dir: Path, damage, n_train, message):
+    """A sweep checks its data by headers and sizes (data.check), never inflating an image body."""
+    damage(idx_dir)
+    with pytest.raises(ConfigError, match=message):
+        data.check(str(idx_dir), n_train, None)
+
+
+def test_the_header_check_reads_no_body(idx_dir: Path):
+    """A body the headers cannot vouch for (a label out of range) is the loading run's to find."""
+    idx.write_idx(idx_dir / "train-labels-idx1-ubyte.gz", np.full(60, 200, dtype=np.uint8))
+    data.check(str(idx_dir), None, None)
+    with pytest.raises(ConfigError, match=r"label 200 is outside 0..9"):
+        data.load(str(idx_dir), None, None, "float32")
+
+
+def test_the_embedded_digits_are_checked_by_their_headers():
+    data.check(None, 2000, 1000)
+    with pytest.raises(ConfigError, match=r"data.n_train=2001 is larger than the 2000 samples in embedded:mnist-2000"):
+        data.check(None, 2001, None)

@@ -41,6 +41,9 @@ def test_gpu_run_is_checked_and_recorded(nproc, idx_dir, mlflow_uri, tmp_path):
     assert run.data.tags["sweepscale.gemm"] == "dgemm"  # float64: the fused step's GEMMs are DGEMMs
     assert run.data.metrics[metrics.weight_error("max")] < 1e-12  # float64
     assert run.data.metrics[metrics.phase_time("batch")] > 0
+    devices = run.data.tags[metrics.TAG_RANK_DEVICES].split("; ")  # each rank on its own GPU, by name
+    assert [d.split("=", 1)[0] for d in devices] == [str(r) for r in range(nproc)]
+    assert all("/gpu" in d and "(NVIDIA" in d for d in devices) and len({d.split("/")[1] for d in devices}) == nproc
 
 
 def test_gpu_requested_without_gpu_is_a_clear_error():

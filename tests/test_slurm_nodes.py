@@ -69,7 +69,10 @@ def test_a_sweep_of_one_and_two_node_shapes_spans_the_nodes(tmp_path, bridge_ser
     """nproc=4 with 2 ranks a node runs on both nodes (world size 4, weights equal to the
     sequential reference's); nproc=2 fits on one. Every rank logs to the tracking server."""
     grid = ["hidden=16", "nproc=2,4", "dtype=float64", *FAST, *MULTI, f"mlflow.tracking_uri={bridge_server}"]
-    grid += ["model.init=fan_in", "data.scale=unit"]  # pixels in [0, 1]: float64 sums differ by ~1e-15, not bytes' 1e-11
+    grid += [
+        "model.init=fan_in",
+        "data.scale=unit",
+    ]  # pixels in [0, 1]: float64 sums differ by ~1e-15, not bytes' 1e-11
     experiment = f"nodes-{time.time_ns()}"
     result = sweep([*grid, f"mlflow.experiment={experiment}"], tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr

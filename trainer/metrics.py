@@ -50,6 +50,7 @@ EXPERIMENT_KIND = "custom_model_development"
 TAG_SCHEDULER = "sweepscale.scheduler"
 TAG_COMMAND = "sweepscale.command"
 TAG_SWEEP_DIR = "sweepscale.sweep_dir"
+TAG_RANKS_START = "sweepscale.ranks_start"  # how the points' ranks started: "auto: mpi4py loads ...: srun --mpi=pmi2"
 TAG_SLURM_JOB = "sweepscale.slurm_job_id"  # the Slurm job that ran the point (a warm worker's: its allocation)
 TAG_SLURM_ARRAY = "sweepscale.slurm_array"  # "ARRAYID_INDEX", the job array task
 TAG_SWEEPER = "sweepscale.sweeper"  # "host pid" of the sweeper process: a later sweep closes one left RUNNING

@@ -12,7 +12,7 @@ the point's folder once the point's run has ended and its CPU check has landed. 
 its training; on a GPU its check (the reference computed beside, trainer/check.py) lands in it
 later, while the worker trains the next points. The worker ends when the queue is sealed and
 empty and every check has landed. Workers that share GPUs (the local runner's) hold them only
-while they train a point (trainer/gpu_lease.py).
+while they train a point, and CPU workers their cores (trainer/lease.py).
 
 A point that fails on a world of one rank ends FAILED and the worker takes the next; on several
 ranks the failing rank aborts the world (the others may wait in a collective) and the sweeper
@@ -23,20 +23,19 @@ ends the worker too.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import pickle
 import signal
 import socket
 import sys
-import threading
 import time
 import traceback
 from pathlib import Path
 from typing import Any
 
-from trainer import gpu_lease, parallel, requeue, sigterm
+from trainer import lease as leases
+from trainer import parallel, requeue, sigterm
 
 TODO, CLAIMED = "todo", "claimed"
 SEALED = "sealed"  # every ticket is written
@@ -153,7 +152,7 @@ def _serve(queue: Path, name: str, world: parallel.World, worker: str, waiting: 
 
     datasets = _Datasets()
     tf32 = os.environ.get("CUPY_TF32") == "1"  # read by CuPy once: one GEMM mode per worker
-    lease = gpu_lease.from_env(world.local_rank)
+    lease = leases.from_env(world.local_rank)
     served: set[Path] = set()  # the points this process claimed
     if not wait_sealed(queue):
         return 0
@@ -270,18 +269,16 @@ def _warm_up(world: parallel.World) -> None:
     """What every point needs, done while the sweeper may still be writing the tickets: MLflow (rank
     0 records; imported in a thread, seconds), the trainer's modules, and on a GPU the CUDA context."""
     if world.rank == 0:
-        threading.Thread(target=_import_mlflow, name="import-mlflow", daemon=True).start()
+        from trainer import tracking
+
+        tracking.import_in_background()
     import trainer.run  # noqa: F401
 
-    if gpu_lease.from_env(world.local_rank) is not None:  # a GPU worker of the local runner
+    lease = leases.from_env(world.local_rank)
+    if lease is not None and lease.on_gpu:  # a GPU worker of the local runner
         from trainer.backend import select
 
         select("gpu", world.local_rank).xp.zeros(1)  # creates the context on the rank's GPU
-
-
-def _import_mlflow() -> None:
-    with contextlib.suppress(Exception):  # the run that needs it will say why
-        import mlflow.tracking  # noqa: F401
 
 
 def _terminate(_signum: int, _frame: Any) -> None:

@@ -31,6 +31,7 @@ class SweepscaleLauncher(Launcher):
         from sweeper.plan import trainer_config
         from sweeper.points import Point, labels
         from sweeper.sweep import run_sweep
+        from sweeper.timeline import phase
         from trainer.errors import ConfigError
 
         sweep_dir = claim_folder(Path(str(self.config.hydra.sweep.dir)).resolve())
@@ -39,13 +40,16 @@ class SweepscaleLauncher(Launcher):
         # Hydra's load_sweep_config for each point, without recomposing what points share (issue #19).
         composer = PointComposer(self.hydra_context.config_loader, self.config)
         try:
-            for i, overrides in enumerate(job_overrides):
-                cfg = composer.compose(list(overrides))
-                with open_dict(cfg):
-                    cfg.hydra.job.num = initial_job_idx + i
-                subdir = str(OmegaConf.select(cfg, "hydra.sweep.subdir"))
-                point = Point(initial_job_idx + i, list(overrides), trainer_config(cfg), sweep_dir / subdir, names[i])
-                points.append(point)
+            with phase("compose points"):
+                for i, overrides in enumerate(job_overrides):
+                    cfg = composer.compose(list(overrides))
+                    with open_dict(cfg):
+                        cfg.hydra.job.num = initial_job_idx + i
+                    subdir = str(OmegaConf.select(cfg, "hydra.sweep.subdir"))
+                    point = Point(
+                        initial_job_idx + i, list(overrides), trainer_config(cfg), sweep_dir / subdir, names[i]
+                    )
+                    points.append(point)
             status = run_sweep(self.config, points, sweep_dir, list(self.config.hydra.overrides.task))
         except ConfigError as e:
             print(f"Error: {e}", file=sys.stderr)

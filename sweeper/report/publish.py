@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from sweeper.report import analysis, convergence, page, scaling
+from sweeper.report.drawing import draw
 from sweeper.report.overhead import Overhead, in_run_s, per_sweep
 from sweeper.report.roofline import roofline_figure
 from sweeper.report.study import Point, Study
@@ -52,29 +53,41 @@ def build(study: Study, folder: Path) -> Report:
     finished = [p for p in points if p.status == "FINISHED"]
     configs = [p.config for p in finished]
     axis = analysis.axes(configs, order)  # what varies among the points that can be drawn
-    fig = report.figures
+    drawn: dict[str, Any] = {}  # caption -> the figure's future (drawing.py draws them side by side)
     if finished:
-        fig["Training loss of every point"] = convergence.loss_curves(finished, axis, folder / "convergence.png")
-        fig["Precision and final values"] = convergence.precision_and_finals(finished, axis, folder / "finals.png")
-        err = convergence.weight_error(finished, axis, folder / "weight_error.png")
-        if err:
-            fig["Weight error against the CPU reference"] = err
+        drawn["Training loss of every point"] = draw(
+            convergence.loss_curves, finished, axis, folder / "convergence.png"
+        )
+        drawn["Precision and final values"] = draw(
+            convergence.precision_and_finals, finished, axis, folder / "finals.png"
+        )
+        drawn["Weight error against the CPU reference"] = draw(
+            convergence.weight_error, finished, axis, folder / "weight_error.png"
+        )
     fams = [(f, analysis.family_rows(finished, f)) for f in analysis.families(configs, order)]
     for kind in ("strong", "weak"):
         mine = [(f, rows) for f, rows in fams if f.kind == kind]
         if mine:
-            fig[f"{kind.capitalize()} scaling"] = scaling.scaling_figure(kind, mine, folder / f"scaling_{kind}.png")
+            drawn[f"{kind.capitalize()} scaling"] = draw(
+                scaling.scaling_figure, kind, mine, folder / f"scaling_{kind}.png"
+            )
     if fams:
-        fig["Phases per nproc"] = scaling.phases_figure(fams, folder / "phases.png")
-    regimes: dict[str, list] = {}
+        drawn["Phases per nproc"] = draw(scaling.phases_figure, fams, folder / "phases.png")
     studies = analysis.batch_studies(configs, order)
     if studies:
-        fig["Batch size: regimes of data parallelism"], regimes = scaling.regimes_figure(
-            finished, studies, folder / "regimes.png"
+        drawn["Batch size: regimes of data parallelism"] = draw(
+            scaling.regimes_figure, finished, studies, folder / "regimes.png"
         )
-    roof = roofline_figure(finished, folder / "roofline.png")
-    if roof:
-        fig["Roofline"] = roof[0]
+    drawn["Roofline"] = draw(roofline_figure, finished, folder / "roofline.png")
+    regimes: dict[str, list] = {}
+    for caption, future in drawn.items():
+        made = future.result()
+        if caption.startswith("Batch size"):
+            made, regimes = made
+        elif caption == "Roofline" and made:
+            made = made[0]
+        if made:
+            report.figures[caption] = made
     report.rows = csv_rows(points, every_axis, fams, finished)
     write_csv(report.rows, folder / "points.csv")
     # A study built by hand has no runs list: its points are then the runs it ran.

@@ -45,6 +45,11 @@ class Runner(Protocol):
     scheduler: ClassVar[str]  # recorded on the parent run (tag sweepscale.scheduler)
     checkpoints: ClassVar[bool]  # a job may stop and run again (a requeue): its trainer checkpoints every epoch
 
+    @property
+    def ranks_start(self) -> str:
+        """How a point's ranks start, in a line (tag sweepscale.ranks_start of the parent run)."""
+        ...
+
     def shape(self, point: Point) -> Shape:
         """The point's resources; raises ConfigError when this launcher cannot give them."""
         ...

@@ -37,6 +37,7 @@ class FinishedInProcess:
 class DebugRunner(WithoutScheduler):
     scheduler: ClassVar[str] = "debug"
     checkpoints: ClassVar[bool] = False
+    ranks_start: ClassVar[str] = "one rank, in the sweeper's process"
 
     def __init__(self, launcher: DictConfig, folder: Path, job_name: str) -> None:
         pass  # nothing to set up: no executor, no folder (timeout_min does not apply in process)

@@ -2,11 +2,11 @@
 
 Warm (``launcher.warm``, the default): a job is a worker that serves a queue of points of one
 shape (sweeper/runners/warm.py). Workers start before the sweep's runs are recorded, their
-start-up beside the sweeper's. On GPUs every shape's workers start at once (nproc=1: one per
-GPU; nproc=2: one per pair) and share the GPUs, each holding its own only while it trains a
-point (trainer/gpu_lease.py): start-up overlaps, training never does. On CPU cores, and cold (a
-job per point), jobs start while cores (or GPUs) are free: never oversubscribed, never shared,
-and what does not fit waits for a release.
+start-up beside the sweeper's. Every shape's workers start at once (nproc=1: one per GPU, or
+core; nproc=2: one per pair) and share the GPUs or cores, each holding its own only while it
+trains a point (trainer/lease.py): start-up overlaps, training never does. Cold (a job per
+point), jobs start while GPUs or cores are free: never oversubscribed, never shared, and what
+does not fit waits for a release.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from sweeper.point_job import run_point, run_worker
 from sweeper.points import Point, Shape
 from sweeper.runners.base import WithoutScheduler
 from sweeper.runners.warm import Ticket, WarmPool
-from trainer import gpu_lease
+from trainer import lease
 from trainer.backend import gpu_count
 from trainer.errors import ConfigError
 
@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 class LocalRunner(WithoutScheduler):
     scheduler: ClassVar[str] = "local"
     checkpoints: ClassVar[bool] = False  # nothing restarts a local job: no epoch pays for a checkpoint
+    ranks_start: ClassVar[str] = "mpiexec on this machine, its ranks on loopback"
 
     def __init__(self, launcher: DictConfig, folder: Path, job_name: str) -> None:
         self.launcher, self.folder = launcher, folder
@@ -44,7 +45,9 @@ class LocalRunner(WithoutScheduler):
         self.held: dict[str, tuple[list[int], int]] = {}  # job id -> the GPUs and the CPU cores it holds
         self.executor = None
         self.pool = WarmPool(folder, launcher.max_restarts) if launcher.warm else None
-        self.slots: dict[tuple[Path, str], int] = {}  # (queue, worker) -> which GPUs of the machine it shares
+        self.slots: dict[
+            tuple[Path, str], int
+        ] = {}  # (queue, worker) -> which GPUs (or cores) of the machine it shares
 
     def shape(self, point: Point) -> Shape:
         """GPUs when the point runs on GPUs, else CPU cores; never more than this machine has."""
@@ -78,7 +81,7 @@ class LocalRunner(WithoutScheduler):
         for p in list(queued):  # in order; a point that does not fit now waits for a release
             if self._fits(p.nproc, p.shape):
                 queued.remove(p)
-                job = self._submit(p.shape, p.nproc, 1, run_point, str(p.dir))
+                job = self._submit(p.shape, 1, run_point, str(p.dir))
                 started.append((p, job))
         return started
 
@@ -95,54 +98,51 @@ class LocalRunner(WithoutScheduler):
         return pool.tickets(queued)
 
     def _start_workers(self) -> None:
-        """Workers for the queues that can use more, in the sweep's order: on GPUs one per free
-        slot of the queue's shape, on CPU cores while cores are free (the rest wait for a release)."""
+        """Workers for the queues that can use more, in the sweep's order: one per free slot of the
+        queue's shape (nproc GPUs, or cores, of the machine), sharing them under leases."""
         pool = self.pool
         for q in pool.queues:
             shape = q.points[0].shape
+            kind, have = ("gpu", self.n_gpus) if shape.gpus_per_task else ("core", self.n_cpus)
             for _ in range(pool.needs_workers(q)):
-                gpus = None
-                if shape.gpus_per_task:
-                    taken = {self.slots[(q.dir, n)] for n in q.live() if (q.dir, n) in self.slots}
-                    free = [s for s in range(self.n_gpus // q.nproc) if s not in taken]
-                    if not free:
-                        break
-                    gpus = list(range(free[0] * q.nproc, (free[0] + 1) * q.nproc))
-                elif not self._fits(q.nproc, shape):
+                taken = {self.slots[(q.dir, n)] for n in q.live() if (q.dir, n) in self.slots}
+                free = [s for s in range(have // q.nproc) if s not in taken]
+                if not free:
                     break
+                units = list(range(free[0] * q.nproc, (free[0] + 1) * q.nproc))
                 name = pool.new_name()
                 args = (str(q.dir), name, q.nproc, q.mpiexec)
-                q.workers[name] = self._submit(shape, q.nproc, len(q.points), run_worker, *args, env=q.env, gpus=gpus)
-                if gpus is not None:
-                    self.slots[(q.dir, name)] = gpus[0] // q.nproc
+                q.workers[name] = self._submit(shape, len(q.points), run_worker, *args, env=q.env, units=(kind, units))
+                self.slots[(q.dir, name)] = free[0]
 
     def _submit(
         self,
         shape: Shape,
-        nproc: int,
         n_points: int,
         fn: Any,
         *args: Any,
         env: dict | None = None,
-        gpus: list[int] | None = None,
+        units: tuple[str, list[int]] | None = None,
     ) -> Job:
-        """Take the job's GPUs (or cores) and start it; its time limit covers ``n_points`` points.
-        ``gpus``: a warm worker's, shared with other workers under file locks, not taken."""
+        """Start the job; its time limit covers ``n_points`` points. ``units``: a warm worker's GPUs
+        or cores, shared with other workers under leases; without, a job takes its GPUs or cores."""
         if self.executor is None:
             import submitit  # heavy: only once there is something to start
 
             self.executor = submitit.LocalExecutor(folder=str(self.folder / "%j"))
         env = dict(env or {})
         ids, cpus = [], 0
-        if gpus is not None:
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
-            env[gpu_lease.ENV] = str(self.folder / "gpu_locks")
-            (self.folder / "gpu_locks").mkdir(parents=True, exist_ok=True)
+        if units is not None:
+            kind, numbers = units
+            if kind == "gpu":
+                env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, numbers))
+            (self.folder / "leases").mkdir(parents=True, exist_ok=True)
+            env.update(lease.units_env(self.folder / "leases", [f"{kind}{n}" for n in numbers]))
         elif shape.gpus_per_task:
-            ids, self.free_gpus = self.free_gpus[:nproc], self.free_gpus[nproc:]
+            ids, self.free_gpus = self.free_gpus[: shape.tasks_per_node], self.free_gpus[shape.tasks_per_node :]
             env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, ids))
         else:
-            cpus = nproc
+            cpus = shape.tasks_per_node
             self.free_cpus -= cpus
         self.executor.update_parameters(timeout_min=self.launcher.timeout_min * n_points)
         job = self.executor.submit(fn, *args, env)

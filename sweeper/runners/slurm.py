@@ -136,6 +136,10 @@ class SlurmRunner:
         )
 
     @property
+    def ranks_start(self) -> str:
+        return self.bootstrap.why
+
+    @property
     def bootstrap(self) -> bootstrap.Bootstrap:
         """How ranks start: :meth:`check` chose it; before, an explicit srun plugin as configured."""
         if self._bootstrap is None:

@@ -1,5 +1,5 @@
-"""GPU leases (trainer/gpu_lease.py): workers sharing GPUs train one at a time on each, and a world
-of several ranks takes all its GPUs or none. File locks and real MPI ranks; no GPU is needed."""
+"""Leases (trainer/lease.py): workers sharing GPUs or cores train one at a time on each, and a world
+of several ranks takes all its units or none. File locks and real MPI ranks; no GPU is needed."""
 
 from __future__ import annotations
 
@@ -13,19 +13,19 @@ import time
 import pytest
 
 from tests.conftest import MPIEXEC
-from trainer.gpu_lease import GpuLease, gpu_id
+from trainer import lease
+from trainer.lease import Lease
 
 pytestmark = pytest.mark.mpi
 
 WORLD = """
 import sys, time
-from trainer import parallel
-from trainer.gpu_lease import GpuLease
+from trainer import lease, parallel
 world = parallel.join_world(2)
-lease = GpuLease(sys.argv[1], world.local_rank)
-waited = lease.acquire(world.comm)
-print(f"rank {world.rank} holds gpu after {waited:.2f} s", flush=True)
-lease.release()
+mine = lease.from_env(world.local_rank)
+waited = mine.acquire(world.comm)
+print(f"rank {world.rank} holds {mine.unit} after {waited:.2f} s", flush=True)
+mine.release()
 """
 
 
@@ -46,18 +46,22 @@ def free_now(path) -> bool:
         os.close(fd)  # drops the lock if taken
 
 
-def test_gpu_id_follows_the_visible_devices(monkeypatch):
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
-    assert [gpu_id(r) for r in range(3)] == ["2", "3", "2"]
-    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
-    assert gpu_id(1) == "1"
+def test_each_rank_leases_the_unit_its_runner_named(monkeypatch, tmp_path):
+    monkeypatch.setenv(lease.DIR_ENV, str(tmp_path))
+    monkeypatch.setenv(lease.UNITS_ENV, "gpu2,gpu3")
+    assert [lease.from_env(r).unit for r in range(2)] == ["gpu2", "gpu3"]
+    assert lease.from_env(0).on_gpu and lease.from_env(0).path == tmp_path / "gpu2.lock"
+    monkeypatch.setenv(lease.UNITS_ENV, "core4")
+    assert not lease.from_env(0).on_gpu
+    monkeypatch.delenv(lease.DIR_ENV)
+    assert lease.from_env(0) is None  # units of the job's own: nothing to lease
 
 
 def test_a_world_of_two_takes_both_gpus_or_neither(tmp_path):
     # GPU 1 is busy (another worker trains on it): the 2-rank world waits, and meanwhile its rank
     # 0 must not sit on GPU 0, which a nproc=1 worker could use.
     busy = hold(tmp_path / "gpu1.lock")
-    env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
+    env = {**os.environ, **lease.units_env(tmp_path, ["gpu0", "gpu1"])}
     cmd = [MPIEXEC, "-n", "2", sys.executable, "-c", WORLD, str(tmp_path)]
     world = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     try:
@@ -78,7 +82,7 @@ def test_a_world_of_two_takes_both_gpus_or_neither(tmp_path):
 def test_one_rank_waits_for_the_gpu_and_gets_it_when_freed(tmp_path):
     from mpi4py import MPI
 
-    first, second = GpuLease(tmp_path, 0), GpuLease(tmp_path, 0)
+    first, second = Lease(tmp_path, "gpu0"), Lease(tmp_path, "gpu0")
     first.acquire(MPI.COMM_SELF)
     waited: list[float] = []
     t = threading.Thread(target=lambda: waited.append(second.acquire(MPI.COMM_SELF)))

@@ -1,0 +1,50 @@
+"""The report's figures drawn side by side in child processes: each figure is a few hundred
+milliseconds of matplotlib, and a report has up to eight. The sweep starts the pool while its
+points run (:func:`warm_up`: the children import matplotlib meanwhile); without it, each figure is
+drawn here, in turn."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from collections.abc import Callable
+from concurrent.futures import Future, ProcessPoolExecutor
+from typing import Any
+
+_pool: ProcessPoolExecutor | None = None
+
+
+def warm_up(workers: int | None = None) -> None:
+    """Start the children (one per core, at most 4) and have them import what drawing needs."""
+    global _pool
+    if _pool is not None:
+        return
+    n = workers or max(1, min(4, os.cpu_count() or 1))
+    _pool = ProcessPoolExecutor(n, multiprocessing.get_context("spawn"), initializer=_imports)
+    for _ in range(n):
+        _pool.submit(int)  # each child starts, and imports, now
+
+
+def _imports() -> None:
+    import sweeper.report.convergence  # matplotlib and every figure's module
+    import sweeper.report.roofline
+    import sweeper.report.scaling  # noqa: F401
+
+
+def draw(fn: Callable[..., Any], *args: Any) -> Future[Any]:
+    """``fn(*args)`` in a child where the pool runs, else here; its result as a future either way."""
+    if _pool is not None:
+        return _pool.submit(fn, *args)
+    future: Future[Any] = Future()
+    try:
+        future.set_result(fn(*args))
+    except BaseException as e:
+        future.set_exception(e)
+    return future
+
+
+def stop() -> None:
+    global _pool
+    pool, _pool = _pool, None
+    if pool is not None:
+        pool.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,98 @@
+"""How a Slurm point's ranks start (sweeper/runners/bootstrap.py): the choice for each MPI and the
+plugins srun offers, explicit values honoured where Slurm can give them, refusals that name what
+was found and the fixes. The table is pure; the real CI Slurm runs the choices it makes
+(tests/test_slurm_bootstrap.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from sweeper.runners.bootstrap import choose, family
+from trainer.errors import ConfigError
+
+MPICH = "MPICH Version:      5.0.2"
+OPENMPI = "Open MPI v4.1.6, package: Debian OpenMPI, ident: 4.1.6, repo rev: v4.1.6, Sep 30, 2023"
+BOTH = {"mpich": "/venv/bin/mpiexec", "openmpi": "/usr/bin/mpirun"}
+
+
+@pytest.mark.parametrize(
+    ("library", "plugins", "mpiexecs", "mode", "mpiexec"),
+    [
+        (MPICH, ["none", "pmi2", "pmix", "pmix_v4"], BOTH, "pmi2", None),
+        (MPICH, ["none", "pmi2"], {}, "pmi2", None),
+        (MPICH, ["none", "pmix", "pmix_v4"], BOTH, "mpiexec", "/venv/bin/mpiexec"),  # no pmi2: Hydra in the allocation
+        (MPICH, ["none"], BOTH, "mpiexec", "/venv/bin/mpiexec"),
+        (OPENMPI, ["none", "pmi2", "pmix", "pmix_v4"], BOTH, "pmix", None),
+        (OPENMPI, ["none", "pmix_v4"], {}, "pmix", None),  # a versioned plugin offers pmix
+        (OPENMPI, ["none", "pmi2"], BOTH, "mpiexec", "/usr/bin/mpirun"),  # the lent GPU machine's case
+        (OPENMPI, ["none"], BOTH, "mpiexec", "/usr/bin/mpirun"),
+        (MPICH, None, {}, "pmi2", None),  # Slurm does not answer here (a preview): the MPI's own plugin
+        (OPENMPI, None, {}, "pmix", None),
+    ],
+)
+def test_auto_picks_a_pair_that_works(library, plugins, mpiexecs, mode, mpiexec):
+    chosen = choose("auto", library, plugins, mpiexecs)
+    assert (chosen.mode, chosen.mpiexec) == (mode, mpiexec)
+    assert chosen.srun == (mode != "mpiexec") and chosen.why.startswith("auto: mpi4py loads")
+
+
+@pytest.mark.parametrize(
+    ("library", "plugins", "mpiexecs", "said"),
+    [
+        (OPENMPI, ["none", "pmi2"], {"mpich": "/venv/bin/mpiexec"}, "mpi4py loads Open MPI v4.1.6"),  # Hydra can't
+        (MPICH, ["none"], {}, "srun offers --mpi=none, and no mpiexec of that MPI"),
+        ("", ["none", "pmi2"], BOTH, "mpi4py loads no MPI"),  # mpi4py fails to load one
+        ("Some Vendor MPI 1.0", ["pmi2"], BOTH, "mpi4py loads Some Vendor MPI 1.0"),
+    ],
+)
+def test_auto_refuses_where_nothing_can_work(library, plugins, mpiexecs, said):
+    with pytest.raises(ConfigError) as e:
+        choose("auto", library, plugins, mpiexecs)
+    message = str(e.value)
+    assert message.startswith("launcher=slurm cannot start MPI ranks here: ") and said in message
+    for fix in ("`mpich` extra", "launcher.pmi=pmix", "pmix plugin", "launcher.pmi=mpiexec"):
+        assert fix in message
+
+
+@pytest.mark.parametrize(
+    ("pmi", "library", "plugins", "mpiexecs", "mode"),
+    [
+        ("pmi2", OPENMPI, ["none", "pmi2"], {}, "pmi2"),  # honoured: an Open MPI may be built with Slurm's PMI2
+        ("pmix", MPICH, ["pmix"], {}, "pmix"),
+        ("pmi2", MPICH, None, {}, "pmi2"),
+        ("mpiexec", MPICH, ["pmi2"], BOTH, "mpiexec"),
+    ],
+)
+def test_an_explicit_value_is_honoured_where_slurm_gives_it(pmi, library, plugins, mpiexecs, mode):
+    chosen = choose(pmi, library, plugins, mpiexecs)
+    assert chosen.mode == mode and f"launcher.pmi={pmi} as configured" in chosen.why
+
+
+@pytest.mark.parametrize(
+    ("pmi", "library", "plugins", "mpiexecs", "said"),
+    [
+        ("pmix", MPICH, ["none", "pmi2"], BOTH, "launcher.pmi=pmix, but this Slurm's srun does not offer it"),
+        ("pmi2", OPENMPI, ["none", "pmix"], BOTH, "launcher.pmi=pmi2, but this Slurm's srun does not offer it"),
+        ("mpiexec", OPENMPI, ["pmix"], {"mpich": "/venv/bin/mpiexec"}, "launcher.pmi=mpiexec, but no mpiexec of"),
+    ],
+)
+def test_an_explicit_value_slurm_cannot_give_is_refused(pmi, library, plugins, mpiexecs, said):
+    with pytest.raises(ConfigError, match=said):
+        choose(pmi, library, plugins, mpiexecs)
+
+
+@pytest.mark.parametrize(
+    ("text", "kind"),
+    [
+        (MPICH, "mpich"),
+        ("HYDRA build details:\n    Version: 4.3.0", "mpich"),  # MPICH's mpiexec --version
+        ("Intel(R) MPI Library for Linux* OS, Version 2021.10", "mpich"),
+        ("MVAPICH2 Version: 2.3.7", "mpich"),
+        (OPENMPI, "openmpi"),
+        ("mpiexec (OpenRTE) 4.1.6", "openmpi"),  # Open MPI 4's mpiexec --version
+        ("mpiexec (Open MPI) 5.0.3", "openmpi"),
+        ("", "unknown"),
+    ],
+)
+def test_the_mpi_family_is_read_from_version_texts(text, kind):
+    assert family(text) == kind
