@@ -3,14 +3,15 @@
 # nproc=1 (one GPU), on full MNIST, each command in a fresh folder with a fresh store and a fresh
 # reference cache, through the local launcher and through Slurm (scripts/slurm_gpu_node.sh), and
 # the code before this change beside it (.device/before, for the paired figures). Prints a table;
-# logs and each sweep's timeline.json under $OUT. docs/benchmarks.md has the call and the figures.
+# logs and each sweep's timeline.json in $OUT/results.tgz. docs/benchmarks.md has the call and the figures.
 #   bash benchmarks/headline_gpu.sh [STAGE ...]   stages: after before slurm shard pytest (default: after slurm)
 # Expects .whl/ (bash ../shared/device/fetch_wheels.sh), .device/mnist/ (full MNIST),
 # .device/debs/ (bash scripts/slurm_gpu_node.sh --fetch .device/debs), .device/before/ (git archive).
 set -uo pipefail
 ROOT=$(pwd)
 OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
+RES=/tmp/results  # packed into $OUT/results.tgz at the end (the device tool brings back few files)
+mkdir -p "$OUT" "$RES"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 export PYTHONUNBUFFERED=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 HYDRA_FULL_ERROR=1
 DATA=$ROOT/.device/mnist
@@ -21,13 +22,13 @@ run() {  # run NAME CODE_DIR ARGS...: one sweep in a fresh folder, store and ref
   local d; d=$(mktemp -d /tmp/sweep-XXXX)
   local t0 t1 rc
   t0=$(date +%s.%N)
-  (cd "$d" && PYTHONPATH="$code:/tmp/site" SWEEPSCALE_CACHE="$d/cache" python3 -m sweeper -m "$@") >"$OUT/$name.log" 2>&1
+  (cd "$d" && PYTHONPATH="$code:/tmp/site" SWEEPSCALE_CACHE="$d/cache" timeout "${SWEEP_TIMEOUT_S:-300}" python3 -m sweeper -m "$@") >"$RES/$name.log" 2>&1
   rc=$?
   t1=$(date +%s.%N)
-  cp "$d"/multirun/*/*/timeline.json "$OUT/$name.timeline.json" 2>/dev/null
+  cp "$d"/multirun/*/*/timeline.json "$RES/$name.timeline.json" 2>/dev/null
   local precision
-  precision=$(grep -oE '│ hidden=[0-9]+[^│]*│ [A-Z]+ +│ [0-9.]+ +│ [0-9.]+' "$OUT/$name.log" | awk -F'│' '{gsub(/ /,"",$5); printf "%s ", $5}')
-  printf '%-28s rc=%s %7.2f s  precision %s\n' "$name" "$rc" "$(echo "$t1 - $t0" | bc)" "$precision" | tee -a "$OUT/times.txt"
+  precision=$(grep -oE '│ hidden=[0-9]+[^│]*│ [A-Z]+ +│ [0-9.]+ +│ [0-9.]+' "$RES/$name.log" | awk -F'│' '{gsub(/ /,"",$5); printf "%s ", $5}')
+  printf '%-28s rc=%s %7.2f s  precision %s\n' "$name" "$rc" "$(echo "$t1 - $t0" | bc)" "$precision" | tee -a "$RES/times.txt"
 }
 
 for stage in "${@:-after slurm}"; do
@@ -41,26 +42,29 @@ for stage in "${@:-after slurm}"; do
         run before_local_epochs50 "$ROOT/.device/before" "${GRID[@]}"
         run before_local_epochs3 "$ROOT/.device/before" "${GRID[@]}" epochs=3 ;;
       slurm)
-        bash scripts/slurm_gpu_node.sh .device/debs >"$OUT/slurm_up.log" 2>&1 || { tail -20 "$OUT/slurm_up.log"; continue; }
+        bash scripts/slurm_gpu_node.sh .device/debs >"$RES/slurm_up.log" 2>&1 || { tail -20 "$RES/slurm_up.log"; continue; }
         PYTHONPATH="$ROOT:/tmp/site" python3 -c "
 from sweeper.runners import bootstrap as b
 print('mpi4py:', b.mpi_library()); print('srun --mpi=list, loadable:', b.srun_plugins('gpu'))
-print('mpiexecs:', b.mpiexecs(None)); print('auto:', b.detect('auto', None, 'gpu').why)" | tee "$OUT/bootstrap.txt"
+print('mpiexecs:', b.mpiexecs(None)); print('auto:', b.detect('auto', None, 'gpu').why)" | tee "$RES/bootstrap.txt"
         run slurm_epochs50 "$ROOT" "${GRID[@]}" launcher=slurm launcher.partition=gpu launcher.timeout_min=10
         run slurm_epochs3 "$ROOT" "${GRID[@]}" epochs=3 launcher=slurm launcher.partition=gpu launcher.timeout_min=10
         run slurm_epochs3_mpiexec "$ROOT" "${GRID[@]}" epochs=3 launcher=slurm launcher.partition=gpu \
           launcher.timeout_min=10 launcher.pmi=mpiexec ;;
       shard)  # nproc=2 on one GPU: two ranks share it through Slurm's shards, summing through host MPI
-        SLURM_GPU_SHARDS=2 bash scripts/slurm_gpu_node.sh .device/debs >"$OUT/slurm_shard_up.log" 2>&1 \
-          || { tail -20 "$OUT/slurm_shard_up.log"; continue; }
+        SLURM_GPU_SHARDS=2 bash scripts/slurm_gpu_node.sh .device/debs >"$RES/slurm_shard_up.log" 2>&1 \
+          || { tail -20 "$RES/slurm_shard_up.log"; continue; }
         run slurm_nproc2_shards "$ROOT" hidden=512 nproc=2 epochs=3 "data.dir=$DATA" launcher=slurm \
           launcher.partition=gpu launcher.timeout_min=10 launcher.gpus_per_node=0 launcher.ranks_per_node=2 \
           "+launcher.sbatch_args={gres: 'shard:2'}" ;;
       pytest)
         PYTHONPATH="$ROOT:/tmp/site" python3 -m pytest -m gpu -q -p no:cacheprovider tests 2>&1 | tail -40 \
-          | tee "$OUT/pytest_gpu.txt" ;;
+          | tee "$RES/pytest_gpu.txt" ;;
     esac
+    tar czf "$OUT/results.tgz" -C "$RES" .  # after each stage: what ran comes back even if a later one runs out of time
   done
 done
-echo "== $(nvidia-smi -L | head -1) | $(nproc) cores | $(date -u +%F)"
-cat "$OUT/times.txt"
+echo "== $(nvidia-smi -L | head -1) | $(nproc) cores | $(date -u +%F)" | tee -a "$RES/times.txt"
+cat "$RES/times.txt"
+tar czf "$OUT/results.tgz" -C "$RES" .
+cp "$RES/times.txt" "$OUT/times.txt"
