@@ -4,7 +4,7 @@
 # reference cache, through the local launcher and through Slurm (scripts/slurm_gpu_node.sh), and
 # the code before this change beside it (.device/before, for the paired figures). Prints a table;
 # logs and each sweep's timeline.json in $OUT/results.tgz. docs/benchmarks.md has the call and the figures.
-#   bash benchmarks/headline_gpu.sh [STAGE ...]   stages: after before slurm shard pytest (default: after slurm)
+#   bash benchmarks/headline_gpu.sh [STAGE ...]   stages: probe after before slurm shard pytest (default: after slurm)
 # Expects .whl/ (bash ../shared/device/fetch_wheels.sh), .device/mnist/ (full MNIST),
 # .device/debs/ (bash scripts/slurm_gpu_node.sh --fetch .device/debs), .device/before/ (git archive).
 set -uo pipefail
@@ -13,6 +13,9 @@ OUT=${OUT:-/tmp/out}
 RES=/tmp/results  # packed into $OUT/results.tgz at the end (the device tool brings back few files)
 mkdir -p "$OUT" "$RES"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+python3 -m compileall -q -j 0 /tmp/site "$ROOT/sweeper" "$ROOT/trainer" "$ROOT/hydra_plugins" "$ROOT/.device/before" \
+  >/dev/null  # as pip and a first run leave them: a user's imports read bytecode, not source
+unset PYTHONDONTWRITEBYTECODE
 export PYTHONUNBUFFERED=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 HYDRA_FULL_ERROR=1
 DATA=$ROOT/.device/mnist
 GRID=(hidden=512,1024,2048 nproc=1 "data.dir=$DATA")
@@ -21,14 +24,15 @@ run() {  # run NAME CODE_DIR ARGS...: one sweep in a fresh folder, store and ref
   local name=$1 code=$2; shift 2
   local d; d=$(mktemp -d /tmp/sweep-XXXX)
   local t0 t1 rc
-  t0=$(date +%s.%N)
+  t0=$(date +%s%N)
   (cd "$d" && PYTHONPATH="$code:/tmp/site" SWEEPSCALE_CACHE="$d/cache" timeout "${SWEEP_TIMEOUT_S:-300}" python3 -m sweeper -m "$@") >"$RES/$name.log" 2>&1
   rc=$?
-  t1=$(date +%s.%N)
+  t1=$(date +%s%N)
   cp "$d"/multirun/*/*/timeline.json "$RES/$name.timeline.json" 2>/dev/null
   local precision
-  precision=$(grep -oE '│ hidden=[0-9]+[^│]*│ [A-Z]+ +│ [0-9.]+ +│ [0-9.]+' "$RES/$name.log" | awk -F'│' '{gsub(/ /,"",$5); printf "%s ", $5}')
-  printf '%-28s rc=%s %7.2f s  precision %s\n' "$name" "$rc" "$(echo "$t1 - $t0" | bc)" "$precision" | tee -a "$RES/times.txt"
+  precision=$(grep -aoE '│ hidden=[0-9]+[^│]*│ [A-Z]+ +│ [0-9.]+ +│ [0-9.]+' "$RES/$name.log" | awk -F'│' '{gsub(/ /,"",$5); printf "%s ", $5}')
+  printf '%-30s rc=%s %7.2f s  precision %s\n' "$name" "$rc" "$(( (t1 - t0) / 1000000 ))e-3" "$precision" \
+    | tee -a "$RES/times.txt"
 }
 
 for stage in "${@:-after slurm}"; do
@@ -57,6 +61,10 @@ print('mpiexecs:', b.mpiexecs(None)); print('auto:', b.detect('auto', None, 'gpu
         run slurm_nproc2_shards "$ROOT" hidden=512 nproc=2 epochs=3 "data.dir=$DATA" launcher=slurm \
           launcher.partition=gpu launcher.timeout_min=10 launcher.gpus_per_node=0 launcher.ranks_per_node=2 \
           "+launcher.sbatch_args={gres: 'shard:2'}" ;;
+      probe)  # what a process pays before it does anything: the interpreter, MLflow's imports
+        { env | grep -E '^PYTHON' ; for m in "import numpy" "import mlflow.tracking" "import cupy"; do
+            t0=$(date +%s%N); PYTHONPATH="$ROOT:/tmp/site" python3 -c "$m"; t1=$(date +%s%N)
+            echo "$m: $(( (t1 - t0) / 1000000 )) ms"; done; } 2>&1 | tee "$RES/probe.txt" ;;
       pytest)
         PYTHONPATH="$ROOT:/tmp/site" python3 -m pytest -m gpu -q -p no:cacheprovider tests 2>&1 | tail -40 \
           | tee "$RES/pytest_gpu.txt" ;;

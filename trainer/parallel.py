@@ -132,7 +132,7 @@ def join_world(nproc: int) -> World:
             f"nproc={nproc} but this MPI world has {size} ranks: start it with `mpiexec -n {nproc}` or set nproc={size}"
         )
     node = comm.Split_type(MPI.COMM_TYPE_SHARED)
-    library = MPI.Get_library_version().strip().splitlines()[0]
+    library = MPI.Get_library_version().replace("\0", "").strip().splitlines()[0]  # Open MPI's ends in a NUL
     return World(comm, comm.Get_rank(), size, node.Get_rank(), node.Get_size(), library)
 
 

@@ -52,6 +52,7 @@ def import_in_background() -> threading.Thread:
 
 
 def client(uri: str) -> Any:
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # no progress bars in the sweep's output
     from mlflow.tracking import MlflowClient
 
     return MlflowClient(tracking_uri=uri)

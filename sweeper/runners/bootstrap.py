@@ -93,7 +93,7 @@ def configured(pmi: str) -> Bootstrap:
 def mpi_library() -> str:
     """The first line of MPI_Get_library_version as mpi4py reports it, from a fresh interpreter (a
     site's wheel may load another libmpi than the one its name suggests); "" when mpi4py fails."""
-    code = "from mpi4py import MPI; print(MPI.Get_library_version().strip().splitlines()[0])"
+    code = "from mpi4py import MPI; print(MPI.Get_library_version().replace(chr(0), '').strip().splitlines()[0])"
     try:
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired):
