@@ -22,13 +22,18 @@ GRID=(hidden=512,1024,2048 nproc=1 "data.dir=$DATA")
 
 run() {  # run NAME CODE_DIR ARGS...: one sweep in a fresh folder, store and reference cache; its wall time
   local name=$1 code=$2; shift 2
-  local d; d=$(mktemp -d /tmp/sweep-XXXX)
+  local d; d=${SWEEP_DIR:-$(mktemp -d /tmp/sweep-XXXX)}
   local t0 t1 rc
   t0=$(date +%s%N)
   (cd "$d" && PYTHONPATH="$code:/tmp/site" SWEEPSCALE_CACHE="$d/cache" timeout "${SWEEP_TIMEOUT_S:-300}" python3 -m sweeper -m "$@") >"$RES/$name.log" 2>&1
   rc=$?
   t1=$(date +%s%N)
-  cp "$d"/multirun/*/*/timeline.json "$RES/$name.timeline.json" 2>/dev/null
+  local newest; newest=$(ls -td "$d"/multirun/*/* | head -1)
+  cp "$newest/timeline.json" "$RES/$name.timeline.json" 2>/dev/null
+  if [ "$code" = "$ROOT" ]; then
+    PYTHONPATH="$ROOT:/tmp/site" python3 benchmarks/sweep_timeline.py "$newest" "sqlite:///$d/mlflow.db" \
+      >"$RES/$name.timeline.txt" 2>&1
+  fi
   local precision
   precision=$(grep -aoE '│ hidden=[0-9]+[^│]*│ [A-Z]+ +│ [0-9.]+ +│ [0-9.]+' "$RES/$name.log" | awk -F'│' '{gsub(/ /,"",$5); printf "%s ", $5}')
   printf '%-30s rc=%s %7.2f s  precision %s\n' "$name" "$rc" "$(( (t1 - t0) / 1000000 ))e-3" "$precision" \
@@ -42,6 +47,11 @@ for stage in "${@:-after slurm}"; do
         run after_local_epochs50 "$ROOT" "${GRID[@]}"
         run after_local_epochs3 "$ROOT" "${GRID[@]}" epochs=3
         run after_local_epochs3_check_all "$ROOT" "${GRID[@]}" epochs=3 check.steps=all ;;
+      again)  # the same sweep twice in one folder: the second finds the store made and the references cached
+        export SWEEP_DIR; SWEEP_DIR=$(mktemp -d /tmp/sweep-XXXX)
+        run again_first_epochs3 "$ROOT" "${GRID[@]}" epochs=3
+        run again_second_epochs3 "$ROOT" "${GRID[@]}" epochs=3 --force
+        unset SWEEP_DIR ;;
       before)
         run before_local_epochs50 "$ROOT/.device/before" "${GRID[@]}"
         run before_local_epochs3 "$ROOT/.device/before" "${GRID[@]}" epochs=3 ;;

@@ -6,9 +6,10 @@ A key whose weights are cached is read in a thread of this process, with no chil
 Otherwise a spawned child (a pool per process, kept across the points of a warm worker, several
 references computing at once) trains the sequential NumPy run's first k steps on the run's own
 training arrays, mapped from shared memory where this process put them once per data set. Each
-child's BLAS threads are this machine's cores shared among the references computing on it
-(counted by marker files in the cache folder). A file lock per key makes processes that need one
-reference at once compute it once: the others wait, then read its file.
+child's BLAS threads are this machine's cores shared among the references computing on it (a
+pool's share at first, then re-counted at each epoch by marker files in the cache folder). A file
+lock per key makes processes that need one reference at once compute it once: the others wait,
+then read its file.
 """
 
 from __future__ import annotations
@@ -132,7 +133,7 @@ def compute(
 ) -> tuple[np.ndarray, bool]:
     """In the child: the reference's weights and whether they were cached, computed at most once per
     key whatever the number of processes asking (the first takes the lock; the others read its file)."""
-    from threadpoolctl import threadpool_limits
+    from threadpoolctl import ThreadpoolController
 
     from trainer import reference
 
@@ -143,23 +144,36 @@ def compute(
         if path.is_file():
             return np.load(path), True
         x, y = (_attach(a) for a in data)
-        with _Running(cache) as share, threadpool_limits(limits=share, user_api="blas"):
-            return reference.reference_params(layout, init, x, y, schedule, steps, cache, key)
+        blas = ThreadpoolController()
+        with _Running(cache) as running:
+
+            def share(_epoch: Any = None) -> None:  # now, and after each epoch
+                blas.limit(limits=running.share(), user_api="blas")
+
+            share()
+            return reference.reference_params(layout, init, x, y, schedule, steps, cache, key, share)
 
 
 class _Running:
-    """This child's marker among the references computing on this host, while it computes; entering
-    gives its share of the cores."""
+    """This child's marker among the references computing on this host, while it computes, and its
+    share of the cores: a pool's worth at first (references submitted together start together), then
+    at each epoch the cores over the references computing on this host now."""
 
     def __init__(self, cache: Path) -> None:
         self.folder = cache / RUNNING
         self.marker = self.folder / f"{socket.gethostname()}.{os.getpid()}"
+        self.started = False
 
-    def __enter__(self) -> int:
+    def __enter__(self) -> _Running:
         self.folder.mkdir(exist_ok=True)
         self.marker.touch()
-        host = socket.gethostname()
-        running = 0
+        return self
+
+    def share(self) -> int:
+        if not self.started:
+            self.started = True
+            return max(1, cores() // WORKERS)
+        host, running = socket.gethostname(), 0
         for m in self.folder.iterdir():
             name, _, pid = m.name.rpartition(".")
             if name == host and pid.isdigit() and _alive(int(pid)):
