@@ -148,6 +148,7 @@ def fit(
     fault_kind: str = "error",
     start_epoch: int = 1,
     snapshot: Snapshot | None = None,
+    on_step: Callable[[int], None] | None = None,
 ) -> Any:
     """Train ``params`` (a flat xp array, updated in place) and return it.
 
@@ -157,7 +158,8 @@ def fit(
     ``options`` (trainer/options.py) picks the implementation of the step and how it runs
     (trainer/step.py make_step); the default is the generic step. ``start_epoch`` > 1 resumes
     from ``params`` as a checkpoint left them after epoch ``start_epoch - 1`` (trainer/checkpoint.py).
-    ``snapshot`` takes a copy of the weights after its step (the CPU reference check compares those).
+    ``snapshot`` takes a copy of the weights after its step (the CPU reference check compares those);
+    ``on_step`` is told the steps done after each one.
     """
     gbuf = gradient_buffer(allreduce, xp, layout.size + 1, params.dtype)  # gradient, then summed cross-entropy
     max_rows = -(-schedule.batch_size // size)
@@ -202,6 +204,8 @@ def fit(
                 snapshot.weights = params.copy()
                 if snapshot.stop:
                     return params
+            if on_step is not None:
+                on_step(iteration)
         step.finish()  # the weights and the losses are complete past this point
         host_losses = losses.get() if xp is not np else losses  # waits for the epoch's work
         seconds = time.perf_counter() - t0

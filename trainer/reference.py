@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from trainer import model
-from trainer.loop import EpochResult, Schedule, Snapshot, fit
+from trainer.loop import Schedule, Snapshot, fit
 
 # Bump when the math or the init changes, so stale cached references are never reused.
 VERSION = 2
@@ -67,12 +67,12 @@ def reference_weights(
     y: np.ndarray,
     schedule: Schedule,
     steps: int,
-    on_epoch: Callable[[EpochResult], None] | None = None,
+    on_step: Callable[[int], None] | None = None,
 ) -> np.ndarray:
     """The sequential NumPy run's weights after its first ``steps`` steps."""
     epochs = -(-steps // -(-len(y) // schedule.batch_size))
     snapshot = Snapshot(steps, stop=True)
-    fit(np, layout, init.copy(), x, y, replace(schedule, epochs=epochs), on_epoch=on_epoch, snapshot=snapshot)
+    fit(np, layout, init.copy(), x, y, replace(schedule, epochs=epochs), snapshot=snapshot, on_step=on_step)
     return snapshot.weights
 
 
@@ -85,13 +85,13 @@ def reference_params(
     steps: int,
     cache: Path,
     key: str,
-    on_epoch: Callable[[EpochResult], None] | None = None,
+    on_step: Callable[[int], None] | None = None,
 ) -> tuple[np.ndarray, bool]:
     """The reference's weights after ``steps`` steps, and whether they came from the cache."""
     path = Path(cache) / f"{key}.npy"
     if path.is_file():
         return np.load(path), True
-    params = reference_weights(layout, init, x, y, schedule, steps, on_epoch)
+    params = reference_weights(layout, init, x, y, schedule, steps, on_step)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".{os.getpid()}.tmp.npy")
     np.save(tmp, params)

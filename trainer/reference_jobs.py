@@ -6,8 +6,8 @@ A key whose weights are cached is read in a thread of this process, with no chil
 Otherwise a spawned child (a pool per process, kept across the points of a warm worker, several
 references computing at once) trains the sequential NumPy run's first k steps on the run's own
 training arrays, mapped from shared memory where this process put them once per data set. Each
-child's BLAS threads are this machine's cores shared among the references computing on it (a
-pool's share at first, then re-counted at each epoch by marker files in the cache folder). A file
+child's BLAS threads are this machine's cores shared among the references computing on it
+(re-counted after every step from marker files in the cache folder). A file
 lock per key makes processes that need one reference at once compute it once: the others wait,
 then read its file.
 """
@@ -144,11 +144,14 @@ def compute(
         if path.is_file():
             return np.load(path), True
         x, y = (_attach(a) for a in data)
-        blas = ThreadpoolController()
+        blas, threads = ThreadpoolController(), 0
         with _Running(cache) as running:
 
-            def share(_epoch: Any = None) -> None:  # now, and after each epoch
-                blas.limit(limits=running.share(), user_api="blas")
+            def share(_step: int = 0) -> None:  # now, and after each step: the references come and go
+                nonlocal threads
+                if (n := running.share()) != threads:
+                    blas.limit(limits=n, user_api="blas")
+                    threads = n
 
             share()
             return reference.reference_params(layout, init, x, y, schedule, steps, cache, key, share)
@@ -156,13 +159,11 @@ def compute(
 
 class _Running:
     """This child's marker among the references computing on this host, while it computes, and its
-    share of the cores: a pool's worth at first (references submitted together start together), then
-    at each epoch the cores over the references computing on this host now."""
+    share of the cores: the cores over the references computing on this host now."""
 
     def __init__(self, cache: Path) -> None:
         self.folder = cache / RUNNING
         self.marker = self.folder / f"{socket.gethostname()}.{os.getpid()}"
-        self.started = False
 
     def __enter__(self) -> _Running:
         self.folder.mkdir(exist_ok=True)
@@ -170,9 +171,6 @@ class _Running:
         return self
 
     def share(self) -> int:
-        if not self.started:
-            self.started = True
-            return max(1, cores() // WORKERS)
         host, running = socket.gethostname(), 0
         for m in self.folder.iterdir():
             name, _, pid = m.name.rpartition(".")

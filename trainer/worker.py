@@ -36,6 +36,7 @@ from typing import Any
 
 from trainer import lease as leases
 from trainer import parallel, requeue, sigterm
+from trainer.warm_up import warm_up
 
 TODO, CLAIMED = "todo", "claimed"
 SEALED = "sealed"  # every ticket is written
@@ -255,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _terminate)
     requeue.arm()  # a warning between points: the worker ends and its requeued job serves the rest
     world = parallel.join_world(args.nproc)
-    _warm_up(world)
+    warm_up(world)
     from trainer.run import KILLED_STATUS
     from trainer.sigterm import Terminated
 
@@ -263,22 +264,6 @@ def main(argv: list[str] | None = None) -> int:
         return serve(args.queue.resolve(), args.name, world)
     except (KeyboardInterrupt, Terminated):  # SIGTERM or Ctrl-C between points: no run to end
         return KILLED_STATUS
-
-
-def _warm_up(world: parallel.World) -> None:
-    """What every point needs, done while the sweeper may still be writing the tickets: MLflow (rank
-    0 records; imported in a thread, seconds), the trainer's modules, and on a GPU the CUDA context."""
-    if world.rank == 0:
-        from trainer import tracking
-
-        tracking.import_in_background()
-    import trainer.run  # noqa: F401
-
-    lease = leases.from_env(world.local_rank)
-    if lease is not None and lease.on_gpu:  # a GPU worker of the local runner
-        from trainer.backend import select
-
-        select("gpu", world.local_rank).xp.zeros(1)  # creates the context on the rank's GPU
 
 
 def _terminate(_signum: int, _frame: Any) -> None:

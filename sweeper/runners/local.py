@@ -22,7 +22,7 @@ from sweeper.points import Point, Shape
 from sweeper.runners.base import WithoutScheduler
 from sweeper.runners.warm import Ticket, WarmPool
 from trainer import lease
-from trainer.backend import gpu_count
+from trainer.backend import visible_gpus
 from trainer.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -38,7 +38,7 @@ class LocalRunner(WithoutScheduler):
 
     def __init__(self, launcher: DictConfig, folder: Path, job_name: str) -> None:
         self.launcher, self.folder = launcher, folder
-        self.n_gpus = launcher.gpus if launcher.gpus is not None else gpu_count()
+        self.n_gpus = launcher.gpus if launcher.gpus is not None else visible_gpus()
         self.n_cpus = launcher.cpus if launcher.cpus is not None else (os.cpu_count() or 1)
         self.free_gpus = list(range(self.n_gpus))
         self.free_cpus = self.n_cpus
@@ -51,7 +51,7 @@ class LocalRunner(WithoutScheduler):
 
     def shape(self, point: Point) -> Shape:
         """GPUs when the point runs on GPUs, else CPU cores; never more than this machine has."""
-        on_gpu = point.trainer.device.value != "cpu" and gpu_count() > 0
+        on_gpu = point.trainer.device.value != "cpu" and self.n_gpus > 0
         if on_gpu:
             have, what, fix = self.n_gpus, "GPUs", "lower nproc, or set launcher.gpus, or use launcher=slurm"
         else:

@@ -1,0 +1,51 @@
+"""What a warm worker does before its first point, while the sweeper still opens the store and
+writes the tickets: MLflow imported (rank 0 records; seconds, in a thread), the trainer's modules,
+and on a GPU the CUDA context, cuBLAS and the fused step's kernels compiled (or read from CuPy's
+cache) for the default config's step, by a few steps of a tiny network."""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+
+from trainer import lease as leases
+from trainer import parallel
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+
+
+def warm_up(world: parallel.World) -> None:
+    if world.rank == 0:
+        from trainer import tracking
+
+        tracking.import_in_background()
+    import trainer.run  # noqa: F401
+
+    lease = leases.from_env(world.local_rank)
+    if lease is not None and lease.on_gpu:  # a GPU worker of the local runner
+        with contextlib.suppress(Exception):  # a point that needs what failed here says why
+            _gpu(world.local_rank)
+
+
+def _gpu(local_rank: int) -> None:
+    import numpy as np
+    from omegaconf import OmegaConf
+
+    from trainer import model
+    from trainer.backend import select
+    from trainer.config import TrainerConfig
+    from trainer.loop import Schedule, fit
+    from trainer.options import StepOptions
+
+    xp = select("gpu", local_rank).xp  # the context on the rank's GPU
+    values = OmegaConf.load(CONF / "base" / "trainer.yaml")
+    values.pop("defaults", None)
+    values.gpu = OmegaConf.load(CONF / "gpu" / "default.yaml")
+    cfg = OmegaConf.merge(OmegaConf.structured(TrainerConfig), values)
+    layout = model.Layout(D=784, H=16)
+    x = xp.asarray(np.arange(64 * 784, dtype=cfg.dtype.value).reshape(64, 784) % 256)
+    y = xp.asarray(np.arange(64) % 10)
+    params = xp.asarray(model.init_params(layout, 0, cfg.dtype.value, cfg.model.init.value))
+    options = StepOptions.resolve(cfg, "gpu")
+    fit(xp, layout, params, x, y, Schedule(32, 1e-3, 0.0, 1), options=options)
+    xp.cuda.Device().synchronize()
