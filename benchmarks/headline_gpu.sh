@@ -30,6 +30,7 @@ run() {  # run NAME CODE_DIR ARGS...: one sweep in a fresh folder, store and ref
   t1=$(date +%s%N)
   local newest; newest=$(ls -td "$d"/multirun/*/* | head -1)
   cp "$newest/timeline.json" "$RES/$name.timeline.json" 2>/dev/null
+  cat "$newest"/.submitit/*/*_log.err >"$RES/$name.workers.err" 2>/dev/null
   if [ "$code" = "$ROOT" ]; then
     PYTHONPATH="$ROOT:/tmp/site" python3 benchmarks/sweep_timeline.py "$newest" "sqlite:///$d/mlflow.db" \
       >"$RES/$name.timeline.txt" 2>&1
@@ -47,6 +48,9 @@ for stage in "${@:-after slurm}"; do
         run after_local_epochs50 "$ROOT" "${GRID[@]}"
         run after_local_epochs3 "$ROOT" "${GRID[@]}" epochs=3
         run after_local_epochs3_check_all "$ROOT" "${GRID[@]}" epochs=3 check.steps=all ;;
+      nocheck)  # the same sweeps without the CPU check: what the check costs the sweep
+        run nocheck_local_epochs50 "$ROOT" "${GRID[@]}" check.reference=false
+        run nocheck_local_epochs3 "$ROOT" "${GRID[@]}" epochs=3 check.reference=false ;;
       again)  # the same sweep twice in one folder: the second finds the store made and the references cached
         export SWEEP_DIR; SWEEP_DIR=$(mktemp -d /tmp/sweep-XXXX)
         run again_first_epochs3 "$ROOT" "${GRID[@]}" epochs=3

@@ -6,8 +6,8 @@ A key whose weights are cached is read in a thread of this process, with no chil
 Otherwise a spawned child (a pool per process, kept across the points of a warm worker, several
 references computing at once) trains the sequential NumPy run's first k steps on the run's own
 training arrays, mapped from shared memory where this process put them once per data set. Each
-child's BLAS threads are this machine's cores shared among the references computing on it
-(re-counted after every step from marker files in the cache folder). A file
+child's BLAS threads are the cores the GPUs' ranks leave, shared among the references computing on
+this machine (re-counted after every step from marker files in the cache folder). A file
 lock per key makes processes that need one reference at once compute it once: the others wait,
 then read its file.
 """
@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from trainer import model
+from trainer.backend import visible_gpus
 from trainer.loop import Schedule
 
 RUNNING = ".running"  # in the cache folder: one marker per reference computing, "<host>.<pid>"
@@ -159,11 +160,13 @@ def compute(
 
 class _Running:
     """This child's marker among the references computing on this host, while it computes, and its
-    share of the cores: the cores over the references computing on this host now."""
+    share of the cores: those the GPUs' ranks leave (a core each, to drive its GPU) over the
+    references computing on this host now."""
 
     def __init__(self, cache: Path) -> None:
         self.folder = cache / RUNNING
         self.marker = self.folder / f"{socket.gethostname()}.{os.getpid()}"
+        self.reserved = visible_gpus()  # the training beside: its ranks must not wait for cores
 
     def __enter__(self) -> _Running:
         self.folder.mkdir(exist_ok=True)
@@ -178,7 +181,7 @@ class _Running:
                 running += 1
             elif name == host:
                 m.unlink(missing_ok=True)  # a child that died computing
-        return max(1, cores() // max(1, running))
+        return max(1, (cores() - self.reserved) // max(1, running))
 
     def __exit__(self, *exc: Any) -> None:
         self.marker.unlink(missing_ok=True)

@@ -5,7 +5,7 @@ cache) for the default config's step, by a few steps of a tiny network."""
 
 from __future__ import annotations
 
-import contextlib
+import sys
 from pathlib import Path
 
 from trainer import lease as leases
@@ -23,8 +23,10 @@ def warm_up(world: parallel.World) -> None:
 
     lease = leases.from_env(world.local_rank)
     if lease is not None and lease.on_gpu:  # a GPU worker of the local runner
-        with contextlib.suppress(Exception):  # a point that needs what failed here says why
+        try:
             _gpu(world.local_rank)
+        except Exception as e:  # a point that needs what failed here says why
+            print(f"warm-up of the GPU step: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
 
 
 def _gpu(local_rank: int) -> None:
