@@ -36,10 +36,13 @@ from trainer.backend import visible_gpus
 from trainer.loop import Schedule
 
 RUNNING = ".running"  # in the cache folder: one marker per reference computing, "<host>.<pid>"
+CORES_ENV = "SWEEPSCALE_CORES"  # the cores a CPU job holds, where its runner says (sweeper/runners/local.py)
 
 
 def cores() -> int:
-    """The cores this process may run on."""
+    """The cores this process may run on: its job's where the runner says, else the machine's."""
+    if os.environ.get(CORES_ENV, "").isdigit():
+        return int(os.environ[CORES_ENV])
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 

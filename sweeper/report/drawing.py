@@ -15,11 +15,12 @@ _pool: ProcessPoolExecutor | None = None
 
 
 def warm_up(workers: int | None = None) -> None:
-    """Start the children (one per core, at most 4) and have them import what drawing needs."""
+    """Start the children (a core in two, at most 4) and have them import what drawing needs. With
+    fewer than 4 cores none: their imports would cost the sweep's runs more than they save."""
     global _pool
-    if _pool is not None:
+    n = workers or min(4, (os.cpu_count() or 1) // 2)
+    if _pool is not None or n < 2:
         return
-    n = workers or max(1, min(4, os.cpu_count() or 1))
     _pool = ProcessPoolExecutor(n, multiprocessing.get_context("spawn"), initializer=_imports)
     for _ in range(n):
         _pool.submit(int)  # each child starts, and imports, now

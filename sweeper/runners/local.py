@@ -24,6 +24,7 @@ from sweeper.runners.warm import Ticket, WarmPool
 from trainer import lease
 from trainer.backend import visible_gpus
 from trainer.errors import ConfigError
+from trainer.reference_jobs import CORES_ENV
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -132,6 +133,8 @@ class LocalRunner(WithoutScheduler):
             self.executor = submitit.LocalExecutor(folder=str(self.folder / "%j"))
         env = dict(env or {})
         ids, cpus = [], 0
+        if not shape.gpus_per_task:  # a rank a core: its BLAS must not start a thread per core of the machine
+            env.update(one_core_a_rank(shape.tasks_per_node))
         if units is not None:
             kind, numbers = units
             if kind == "gpu":
@@ -175,3 +178,10 @@ class LocalRunner(WithoutScheduler):
 
     def _fits(self, nproc: int, shape: Shape) -> bool:
         return nproc <= (len(self.free_gpus) if shape.gpus_per_task else self.free_cpus)
+
+
+def one_core_a_rank(nproc: int) -> dict[str, str]:
+    """The environment of CPU ranks that each own a core: one BLAS and OpenMP thread a rank, and the
+    cores the job holds (trainer/reference_jobs.py shares them with the run's CPU check)."""
+    one = {key: "1" for key in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
+    return {**one, CORES_ENV: str(nproc)}
