@@ -4,7 +4,7 @@
 # reference cache, through the local launcher and through Slurm (scripts/slurm_gpu_node.sh), and
 # the code before this change beside it (.device/before, for the paired figures). Prints a table;
 # logs and each sweep's timeline.json in $OUT/results.tgz. docs/benchmarks.md has the call and the figures.
-#   bash benchmarks/headline_gpu.sh [STAGE ...]   stages: probe after before slurm shard pytest (default: after slurm)
+#   bash benchmarks/headline_gpu.sh [STAGE ...]   stages: warmup probe after before again nocheck slurm shard pytest (default: after slurm)
 # Expects .whl/ (bash ../shared/device/fetch_wheels.sh), .device/mnist/ (full MNIST),
 # .device/debs/ (bash scripts/slurm_gpu_node.sh --fetch .device/debs), .device/before/ (git archive).
 set -uo pipefail
@@ -44,6 +44,8 @@ run() {  # run NAME CODE_DIR ARGS...: one sweep in a fresh folder, store and ref
 for stage in "${@:-after slurm}"; do
   for s in $stage; do
     case $s in
+      warmup)  # CuPy's kernel cache filled, as any earlier run on the machine leaves it (not counted)
+        run warmup "$ROOT" hidden=512 nproc=1 epochs=1 "data.dir=$DATA" check.reference=false ;;
       after)
         run after_local_epochs50 "$ROOT" "${GRID[@]}"
         run after_local_epochs3 "$ROOT" "${GRID[@]}" epochs=3

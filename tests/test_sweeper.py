@@ -93,6 +93,29 @@ def test_dry_run_on_slurm_shows_sbatch_lines(tmp_path, mlflow_uri):
     assert "--mpi=pmi2" in result.stdout
 
 
+def test_dry_run_on_slurm_needs_no_cluster(tmp_path, mlflow_uri):
+    """No Slurm command on PATH (a laptop): the preview still shows the points and the sbatch lines,
+    assumes what the partition would say, and says what it could not check."""
+    env = {**os.environ, "PATH": os.path.dirname(sys.executable)}  # the venv's commands alone
+    args = ["nproc=1,2", "hidden=8,16", "launcher=slurm", "launcher.partition=gpu", "--dry-run"]
+    result = sweep(args, tmp_path, env=env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "#SBATCH --partition=gpu" in result.stdout and "#SBATCH --gpus-per-node=2" in result.stdout
+    assert "srun --unbuffered" in result.stdout and "--mpi=pmi2" in result.stdout  # the mpich wheel's
+    assert "how the ranks start" in result.stdout
+    assert "not checked: launcher=slurm: Slurm does not answer here" in result.stdout
+    assert "The partition's limits are unknown here" in result.stdout
+    assert not Path(mlflow_uri.removeprefix("sqlite:///")).exists()  # a preview records nothing
+
+
+def test_a_sweep_on_slurm_without_slurm_is_refused_before_anything_starts(tmp_path, mlflow_uri):
+    env = {**os.environ, "PATH": os.path.dirname(sys.executable)}
+    result = sweep(["hidden=8", "launcher=slurm"], tmp_path, env=env)
+    assert result.returncode == 2
+    assert "launcher=slurm: Slurm does not answer here" in result.stderr and "a login node" in result.stderr
+    assert not Path(mlflow_uri.removeprefix("sqlite:///")).exists()
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -459,3 +482,18 @@ def test_bad_sweep_keys_stop_before_anything_is_recorded(override, message, tmp_
     result = sweep(["hidden=8", *FAST, override], tmp_path, timeout=60)
     assert result.returncode == 2 and f"Error: {message}" in result.stderr, result.stdout + result.stderr
     assert runs(mlflow_uri) == []  # no parent, no child: nothing half-written
+
+
+def test_the_headline_grid_at_defaults_converges_on_the_embedded_digits(tmp_path, mlflow_uri):
+    """hidden=512,1024,2048 at every default (CPU): no point diverges, each learns (issue #29)."""
+    import csv
+
+    result = sweep(["hidden=512,1024,2048", "device=cpu"], tmp_path, timeout=400)
+    assert result.returncode == 0, result.stdout + result.stderr
+    with open(next(tmp_path.glob("multirun/*/*/report/points.csv"))) as f:
+        rows = {row["point"]: row for row in csv.DictReader(f)}
+    assert sorted(rows) == ["hidden=1024", "hidden=2048", "hidden=512"]
+    for name, row in rows.items():
+        assert row["status"] == "FINISHED" and row["diverged"] == "", (name, row["diverged"])
+        assert float(row["final_precision"]) > 0.8 and float(row["final_loss"]) < 0.3, (name, row)
+        assert row["check"] == "done" and float(row["weight_error_max"]) < 1e-3

@@ -69,11 +69,14 @@ BY_MPIEXEC = "SWEEPSCALE_MPIEXEC"
 
 
 def mpiexec_settings(one_host: bool = True) -> dict[str, str]:
-    """What an mpiexec's environment needs beyond the caller's. On one host: its ranks listen on
-    loopback alone, and MPICH's Hydra forks its proxy (inside a Slurm allocation it would start it
-    with srun). As root, Open MPI's consent. (MPICH's Hydra still binds its own control port to
-    every address: no option of its binds it to one.)"""
-    out = {BY_MPIEXEC: "1", **({"HYDRA_LAUNCHER": "fork", **LOOPBACK} if one_host else {})}
+    """What an mpiexec's environment needs beyond the caller's. Open MPI's mpirun binds each rank to
+    a core unless told not to, and a rank's CPU check (trainer/reference_jobs.py) would inherit that
+    one core. On one host: its ranks listen on loopback alone, and MPICH's Hydra forks its proxy
+    (inside a Slurm allocation it would start it with srun). As root, Open MPI's consent. (MPICH's
+    Hydra still binds its own control port to every address: no option of its binds it to one.)"""
+    out = {BY_MPIEXEC: "1", "OMPI_MCA_hwloc_base_binding_policy": "none"}
+    if one_host:
+        out.update(HYDRA_LAUNCHER="fork", **LOOPBACK)
     if hasattr(os, "geteuid") and os.geteuid() == 0:  # Open MPI refuses root without these
         out.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     return out
