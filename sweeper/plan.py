@@ -14,8 +14,9 @@ from typing import TYPE_CHECKING, Any
 from omegaconf import DictConfig, OmegaConf
 
 from sweeper.points import Point, Shape
-from trainer.config import TrainerConfig, config_hash, validate
+from trainer.config import TrainerConfig, validate
 from trainer.errors import ConfigError
+from trainer.identity import config_hash
 
 if TYPE_CHECKING:
     from sweeper.runners.base import Runner

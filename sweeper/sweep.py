@@ -28,12 +28,13 @@ from sweeper.runners.warm import withdraw_unclaimed
 from sweeper.timeline import phase
 from sweeper.watch import watch
 from trainer import data, journal, limits, metrics, provenance, tracking, uri_check
+from trainer.warm_up import import_mlflow_in_background
 
 
 def run_sweep(base: DictConfig, points: list[Point], sweep_dir: Path, overrides: list[str]) -> int:
     """Run the points Hydra expanded; the exit status: 0 all finished, 1 some failed, 130 interrupted."""
     launcher, opts = base.launcher, base.sweep
-    mlflow_import = tracking.import_in_background()  # seconds of imports, beside the planning
+    mlflow_import = import_mlflow_in_background()  # seconds of imports, beside the planning
     with phase("plan"):  # every check before anything is submitted or recorded
         validate_sweep(base)
         sweep_id = uuid.uuid4().hex[:8]

@@ -121,11 +121,11 @@ def children(pid: int) -> list[int]:
     return out
 
 
-def test_a_slow_check_lands_in_the_run_after_it_ended(idx_dir, mlflow_uri, tmp_path):
-    """The run ends FINISHED with its training, its check pending; the error lands in it later."""
-    cache = tmp_path / "cache"
-    ds = data.load(str(idx_dir), 57, None, "float64")
-    lock = hold_lock(cache, key_of(ds, 10))
+def trainer_on_a_held_reference(idx_dir: Path, cwd: Path) -> tuple:
+    """A trainer (COMMON, the check after 10 steps) whose reference's lock the test holds: the
+    reference waits until the returned lock is closed."""
+    cache = cwd / "cache"
+    lock = hold_lock(cache, key_of(data.load(str(idx_dir), 57, None, "float64"), 10))
     cmd = [
         sys.executable,
         "-m",
@@ -135,7 +135,12 @@ def test_a_slow_check_lands_in_the_run_after_it_ended(idx_dir, mlflow_uri, tmp_p
         f"check.cache_dir={cache}",
         "check.steps=10",
     ]
-    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return lock, subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def test_a_slow_check_lands_in_the_run_after_it_ended(idx_dir, mlflow_uri, tmp_path):
+    """The run ends FINISHED with its training, its check pending; the error lands in it later."""
+    lock, proc = trainer_on_a_held_reference(idx_dir, tmp_path)
     try:
         run = wait_for(lambda: next((r for r in runs_of(mlflow_uri) if r.info.status == "FINISHED"), None))
         assert run.data.tags[metrics.TAG_CHECK] == "pending" and metrics.weight_error("max") not in run.data.metrics
@@ -157,19 +162,7 @@ def test_a_slow_check_lands_in_the_run_after_it_ended(idx_dir, mlflow_uri, tmp_p
 
 
 def test_a_check_whose_process_is_killed_leaves_the_run_finished(idx_dir, mlflow_uri, tmp_path):
-    cache = tmp_path / "cache"
-    ds = data.load(str(idx_dir), 57, None, "float64")
-    lock = hold_lock(cache, key_of(ds, 10))
-    cmd = [
-        sys.executable,
-        "-m",
-        "trainer",
-        *COMMON,
-        f"data.dir={idx_dir}",
-        f"check.cache_dir={cache}",
-        "check.steps=10",
-    ]
-    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lock, proc = trainer_on_a_held_reference(idx_dir, tmp_path)
     try:
         wait_for(lambda: any(r.info.status == "FINISHED" for r in runs_of(mlflow_uri)))
         spawned = wait_for(

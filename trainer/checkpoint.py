@@ -43,7 +43,7 @@ class Checkpoint:
 def resume_key(cfg: Any) -> str:
     """What the weights depend on: the config's hash without the fault to inject (a run killed by
     an injected fault resumes without it)."""
-    from trainer.config import config_hash
+    from trainer.identity import config_hash
 
     return config_hash(cfg, ignore=("fault",))
 

@@ -12,7 +12,7 @@ from omegaconf import DictConfig, OmegaConf
 from trainer import console, flops, metrics, model, parallel, tracking
 from trainer.backend import Backend
 from trainer.checkpoint import Checkpoint
-from trainer.config import config_hash
+from trainer.identity import config_hash
 from trainer.loop import GENERIC, EpochResult
 from trainer.options import StepOptions
 

@@ -60,22 +60,6 @@ def cache_key(
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:20]
 
 
-def reference_weights(
-    layout: model.Layout,
-    init: np.ndarray,
-    x: np.ndarray,
-    y: np.ndarray,
-    schedule: Schedule,
-    steps: int,
-    on_step: Callable[[int], None] | None = None,
-) -> np.ndarray:
-    """The sequential NumPy run's weights after its first ``steps`` steps."""
-    epochs = -(-steps // -(-len(y) // schedule.batch_size))
-    snapshot = Snapshot(steps, stop=True)
-    fit(np, layout, init.copy(), x, y, replace(schedule, epochs=epochs), snapshot=snapshot, on_step=on_step)
-    return snapshot.weights
-
-
 def reference_params(
     layout: model.Layout,
     init: np.ndarray,
@@ -87,16 +71,19 @@ def reference_params(
     key: str,
     on_step: Callable[[int], None] | None = None,
 ) -> tuple[np.ndarray, bool]:
-    """The reference's weights after ``steps`` steps, and whether they came from the cache."""
+    """The sequential NumPy run's weights after its first ``steps`` steps, and whether they came from
+    the cache (else computed and written there); ``on_step`` is told each step done."""
     path = Path(cache) / f"{key}.npy"
     if path.is_file():
         return np.load(path), True
-    params = reference_weights(layout, init, x, y, schedule, steps, on_step)
+    snapshot = Snapshot(steps, stop=True)
+    epochs = -(-steps // -(-len(y) // schedule.batch_size))
+    fit(np, layout, init.copy(), x, y, replace(schedule, epochs=epochs), snapshot=snapshot, on_step=on_step)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".{os.getpid()}.tmp.npy")
-    np.save(tmp, params)
+    np.save(tmp, snapshot.weights)
     os.replace(tmp, path)  # atomic: concurrent points of a sweep never read half a file
-    return params, False
+    return snapshot.weights, False
 
 
 def relative_errors(layout: model.Layout, params: np.ndarray, ref: np.ndarray) -> dict[str, float]:

@@ -7,7 +7,6 @@ MLFLOW_EXPERIMENT_NAME, else ``sqlite:///mlflow.db`` and "sweepscale", with arti
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sys
 import tempfile
@@ -30,25 +29,6 @@ def tracking_uri(configured: str | None) -> str:
 
 def experiment_name(configured: str | None) -> str:
     return configured or os.environ.get("MLFLOW_EXPERIMENT_NAME") or DEFAULT_EXPERIMENT
-
-
-_importing: threading.Thread | None = None
-
-
-def import_in_background() -> threading.Thread:
-    """Import MLflow's client in a thread (seconds of imports) while the caller does other work (once
-    per process); join it before the caller's own first use of MLflow (two threads importing it at
-    once can each find the other's circular imports half done)."""
-    global _importing
-
-    def load() -> None:
-        with contextlib.suppress(Exception):  # the caller's own import says why
-            import mlflow.tracking  # noqa: F401
-
-    if _importing is None:
-        _importing = threading.Thread(target=load, name="import-mlflow", daemon=True)
-        _importing.start()
-    return _importing
 
 
 def client(uri: str) -> Any:

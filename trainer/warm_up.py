@@ -1,11 +1,13 @@
-"""What a warm worker does before its first point, while the sweeper still opens the store and
-writes the tickets: MLflow imported (rank 0 records; seconds, in a thread), the trainer's modules,
-and on a GPU the CUDA context, cuBLAS and the fused step's kernels compiled (or read from CuPy's
-cache) for the default config's step, by a few steps of a tiny network."""
+"""What a process does before its work, where that pays: MLflow imported in a thread (seconds),
+and for a warm worker, while the sweeper still opens the store and writes the tickets, the
+trainer's modules and on a GPU the CUDA context, cuBLAS and the fused step's kernels compiled (or
+read from CuPy's cache) for the default config's step, by a few steps of a tiny network."""
 
 from __future__ import annotations
 
+import contextlib
 import sys
+import threading
 from pathlib import Path
 
 from trainer import lease as leases
@@ -14,11 +16,29 @@ from trainer import parallel
 CONF = Path(__file__).resolve().parents[1] / "conf"
 
 
-def warm_up(world: parallel.World) -> None:
-    if world.rank == 0:
-        from trainer import tracking
+_importing: threading.Thread | None = None
 
-        tracking.import_in_background()
+
+def import_mlflow_in_background() -> threading.Thread:
+    """Import MLflow's client in a thread (seconds of imports) while the caller does other work (once
+    per process); join it before the caller's own first use of MLflow (two threads importing it at
+    once can each find the other's circular imports half done)."""
+    global _importing
+
+    def load() -> None:
+        with contextlib.suppress(Exception):  # the caller's own import says why
+            import mlflow.tracking  # noqa: F401
+
+    if _importing is None:
+        _importing = threading.Thread(target=load, name="import-mlflow", daemon=True)
+        _importing.start()
+    return _importing
+
+
+def warm_up(world: parallel.World) -> None:
+    """A warm worker's, before its first point (rank 0 records: it alone imports MLflow)."""
+    if world.rank == 0:
+        import_mlflow_in_background()
     import trainer.run  # noqa: F401
 
     lease = leases.from_env(world.local_rank)

@@ -1,16 +1,20 @@
 """What a Slurm partition offers, asked of Slurm itself (``scontrol show partition``, ``sinfo``):
-the limits the pre-flight check holds every point to, so that a point the partition can never
-run is refused instead of pending forever, and the ranks and GPUs per node a launcher config
-that leaves them null gets."""
+the limits the pre-flight check holds every point to (:func:`check_limits`), so that a point the
+partition can never run is refused instead of pending forever, and the ranks and GPUs per node a
+launcher config that leaves them null gets."""
 
 from __future__ import annotations
 
 import math
 import subprocess
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from sweeper.runners.base import SchedulerAwayError
 from trainer.errors import ConfigError
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
 
 
 @dataclass(frozen=True)
@@ -75,3 +79,30 @@ def _ask(cmd: list[str]) -> str:
     if result.returncode != 0:
         raise ConfigError(f"launcher=slurm: `{' '.join(cmd)}` says: {(result.stderr or result.stdout).strip()}")
     return result.stdout
+
+
+def check_limits(launcher: DictConfig, part: Partition, per_node: tuple[int, int, int], per_job: int) -> None:
+    """ConfigError naming the key and the partition's limit that a job of this sweep would exceed."""
+    ranks, gpus, nodes = per_node
+    where = f"partition {part.name}"
+    minutes = launcher.timeout_min * per_job
+    problems = [
+        (
+            ranks * launcher.cpus_per_task > part.cpus_per_node,
+            f"launcher.ranks_per_node={ranks} x cpus_per_task={launcher.cpus_per_task} CPUs, but {where}'s nodes "
+            f"have {part.cpus_per_node}; lower them (null takes the partition's)",
+        ),
+        (
+            gpus > part.gpus_per_node,
+            f"launcher.gpus_per_node={gpus}, but {where}'s nodes have {part.gpus_per_node}; null takes the partition's",
+        ),
+        (nodes > part.nodes, f"launcher.max_nodes={nodes}, but {where} lets a job span {part.nodes} node(s)"),
+        (
+            minutes > part.max_time_min,
+            f"launcher.timeout_min={launcher.timeout_min} x {per_job} point(s) per job = {minutes} min, but "
+            f"{where}'s MaxTime is {part.max_time_min:g} min; lower launcher.timeout_min or launcher.points_per_job",
+        ),
+    ]
+    for bad, message in problems:
+        if bad:
+            raise ConfigError(message)

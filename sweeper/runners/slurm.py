@@ -131,7 +131,7 @@ class SlurmRunner:
         if self.away is not None:
             raise self.away
         longest = max(Counter(p.shape for p in points).values()) if self.pool is not None else 1
-        check_limits(
+        partition.check_limits(
             self.launcher, self.partition_limits(), self.per_node(), min(longest, self.launcher.points_per_job)
         )
 
@@ -295,30 +295,3 @@ class SlurmRunner:
             self.pool.stopping = True
             for job in self.pool.live_jobs():
                 job.cancel(check=False)
-
-
-def check_limits(launcher: DictConfig, part: partition.Partition, per_node: tuple[int, int, int], per_job: int) -> None:
-    """ConfigError naming the key and the partition's limit that a job of this sweep would exceed."""
-    ranks, gpus, nodes = per_node
-    where = f"partition {part.name}"
-    minutes = launcher.timeout_min * per_job
-    problems = [
-        (
-            ranks * launcher.cpus_per_task > part.cpus_per_node,
-            f"launcher.ranks_per_node={ranks} x cpus_per_task={launcher.cpus_per_task} CPUs, but {where}'s nodes "
-            f"have {part.cpus_per_node}; lower them (null takes the partition's)",
-        ),
-        (
-            gpus > part.gpus_per_node,
-            f"launcher.gpus_per_node={gpus}, but {where}'s nodes have {part.gpus_per_node}; null takes the partition's",
-        ),
-        (nodes > part.nodes, f"launcher.max_nodes={nodes}, but {where} lets a job span {part.nodes} node(s)"),
-        (
-            minutes > part.max_time_min,
-            f"launcher.timeout_min={launcher.timeout_min} x {per_job} point(s) per job = {minutes} min, but "
-            f"{where}'s MaxTime is {part.max_time_min:g} min; lower launcher.timeout_min or launcher.points_per_job",
-        ),
-    ]
-    for bad, message in problems:
-        if bad:
-            raise ConfigError(message)
