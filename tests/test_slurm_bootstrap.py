@@ -91,9 +91,10 @@ def test_a_failed_mpi_start_shows_its_cause_in_the_closing_table(tmp_path, mlflo
 
 
 @slurm
+@multinode
 def test_a_gpu_partition_gives_each_rank_a_gpu_in_the_sbatch_lines(tmp_path, mlflow_uri):
-    """CI's partition `gpu` offers gres gpu:2 (no GPU behind it): the preview asks one GPU per rank from
-    the partition's own gres, and a point's ranks run there (on the CPU, as no GPU is usable)."""
+    """CI's partition `gpu` (node1, gres gpu:2, no GPU behind it): the preview asks one GPU per rank
+    from the partition's own gres, and a point's ranks run there (on the CPU: no GPU is usable)."""
     result = sweep(["hidden=16", "nproc=1,2", *FAST, *SLURM, "launcher.partition=gpu", "--dry-run"], tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "#SBATCH --gpus-per-node=1" in result.stdout and "#SBATCH --gpus-per-node=2" in result.stdout
@@ -101,8 +102,7 @@ def test_a_gpu_partition_gives_each_rank_a_gpu_in_the_sbatch_lines(tmp_path, mlf
     result = sweep(["hidden=16", "nproc=2", *FAST, *SLURM, "launcher.partition=gpu"], tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     (run,) = only_sweep(mlflow_uri).values()
-    host = socket.gethostname()
-    assert run.info.status == "FINISHED" and run.data.tags[metrics.TAG_RANK_DEVICES] == f"0={host}/cpu; 1={host}/cpu"
+    assert run.info.status == "FINISHED" and run.data.tags[metrics.TAG_RANK_DEVICES] == "0=node1/cpu; 1=node1/cpu"
 
 
 @pytest.mark.gpu
