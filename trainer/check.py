@@ -84,7 +84,8 @@ class PendingCheck:
 
     def abandon(self) -> None:
         """The worker is ending before the reference did: the run stays as its training ended it."""
-        self._close("abandoned: the worker ended before this run's reference check")
+        if self.job is not None:
+            self._close("abandoned: the worker ended before this run's reference check")
 
     def _close(self, outcome: str) -> int:
         try:
