@@ -34,6 +34,7 @@ import numpy as np
 from trainer import model
 from trainer.backend import visible_gpus
 from trainer.loop import Schedule
+from trainer.worker import alive
 
 RUNNING = ".running"  # in the cache folder: one marker per reference computing, "<host>.<pid>"
 CORES_ENV = "SWEEPSCALE_CORES"  # the cores a CPU job holds, where its runner says (sweeper/runners/local.py)
@@ -180,7 +181,7 @@ class _Running:
         host, running = socket.gethostname(), 0
         for m in self.folder.iterdir():
             name, _, pid = m.name.rpartition(".")
-            if name == host and pid.isdigit() and _alive(int(pid)):
+            if name == host and pid.isdigit() and alive(int(pid)):
                 running += 1
             elif name == host:
                 m.unlink(missing_ok=True)  # a child that died computing
@@ -188,16 +189,6 @@ class _Running:
 
     def __exit__(self, *exc: Any) -> None:
         self.marker.unlink(missing_ok=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    return True
 
 
 # In this process: the training arrays of each data set a reference was asked of, in shared memory.
