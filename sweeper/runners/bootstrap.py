@@ -80,9 +80,13 @@ def choose(pmi: str, library: str, plugins: list[str] | None, mpiexecs: dict[str
 def detect(pmi: str, configured_mpiexec: str | None, partition: str | None = None) -> Bootstrap:
     """:func:`choose` with what this machine says: the library mpi4py loads in this Python (the
     jobs' too), srun's plugins, and the mpiexecs found (``mpi.mpiexec`` first)."""
-    if pmi in ("pmi2", "pmix") and shutil.which("srun") is None:
+    from sweeper.runners.partition import answers
+
+    here = shutil.which("srun") is not None and answers()
+    if pmi in ("pmi2", "pmix") and not here:
         return configured(pmi)  # nothing here to check it against
-    return choose(pmi, mpi_library(), srun_plugins(partition), mpiexecs(configured_mpiexec))
+    plugins = srun_plugins(partition) if here else None  # srun's tries would wait for a controller
+    return choose(pmi, mpi_library(), plugins, mpiexecs(configured_mpiexec))
 
 
 def configured(pmi: str) -> Bootstrap:

@@ -5,6 +5,7 @@ launcher config that leaves them null gets."""
 
 from __future__ import annotations
 
+import functools
 import math
 import subprocess
 from dataclasses import dataclass
@@ -74,11 +75,28 @@ def _ask(cmd: list[str]) -> str:
     try:
         result = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired) as e:
-        raise SchedulerAwayError(f"launcher=slurm: Slurm does not answer here (`{' '.join(cmd)}`: {e}); run the sweep "
-                        "where Slurm answers (a login node of the cluster)") from None  # fmt: skip
+        raise away(f"`{' '.join(cmd)}`: {e}") from None
     if result.returncode != 0:
-        raise ConfigError(f"launcher=slurm: `{' '.join(cmd)}` says: {(result.stderr or result.stdout).strip()}")
+        said = (result.stderr or result.stdout).strip()
+        if not answers():  # installed, but no controller (or no munge) behind the commands
+            raise away(f"`{' '.join(cmd)}`: {said.splitlines()[-1] if said else result.returncode}")
+        raise ConfigError(f"launcher=slurm: `{' '.join(cmd)}` says: {said}")
     return result.stdout
+
+
+@functools.cache
+def answers() -> bool:
+    """Whether a Slurm controller answers here (``scontrol ping``; asked once a process)."""
+    try:
+        return subprocess.run(["scontrol", "ping"], capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def away(why: str) -> SchedulerAwayError:
+    return SchedulerAwayError(
+        f"launcher=slurm: Slurm does not answer here ({why}); run the sweep where Slurm answers (a login node)"
+    )
 
 
 def check_limits(launcher: DictConfig, part: Partition, per_node: tuple[int, int, int], per_job: int) -> None:

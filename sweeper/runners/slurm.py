@@ -53,6 +53,8 @@ class SlurmRunner:
     def partition_limits(self) -> partition.Partition:
         """The partition's limits, asked of Slurm once (after its own word on a named partition)."""
         if self._partition is None:
+            if not partition.answers():  # before any other command, each of which would wait for it
+                raise partition.away("`scontrol ping` finds no controller")
             self._test_partition()
             self._partition = partition.read(self.launcher.partition)
         return self._partition
@@ -66,11 +68,11 @@ class SlurmRunner:
         try:
             result = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
         except (OSError, subprocess.TimeoutExpired) as e:
-            raise SchedulerAwayError(
-                f"launcher=slurm: Slurm does not answer here (sbatch: {e}); run the sweep on a Slurm login node"
-            ) from None
+            raise partition.away(f"sbatch: {e}") from None
         if result.returncode != 0:
             msg = result.stderr.strip() or result.stdout.strip()
+            if not partition.answers():
+                raise partition.away(f"sbatch: {msg.splitlines()[-1] if msg else result.returncode}")
             raise ConfigError(f"launcher.partition={name}: Slurm says: {msg}")
 
     def per_node(self, point: Point | None = None) -> tuple[int, int, int]:
