@@ -129,7 +129,7 @@ def test_a_node_going_down_mid_sweep_requeues_only_its_point(tmp_path, mlflow_ur
         # The node is back at once (its slurmd answers: ReturnToService=2), unlike a dead one: let
         # the killed job's processes end there before it starts again ("already running" otherwise).
         wait_for("the killed job's steps gone", lambda: not steps_of(raw.stdout.strip()))
-        start_now(jobs["node2"])
+        start_now(jobs["node2"], since=0)  # Slurm may have requeued it already
         out, _ = proc.communicate(timeout=240)
     finally:
         proc.kill()  # a sweep that hangs must not outlive the test (nor its jobs)
