@@ -58,6 +58,20 @@ def test_a_killed_run_resumes_into_the_same_run(idx_dir, mlflow_uri, tmp_path):
     assert not (ck / checkpoint.FILE).exists()  # a FINISHED run leaves none
 
 
+def test_the_checks_weights_taken_before_a_kill_survive_in_the_checkpoint(idx_dir, mlflow_uri, tmp_path):
+    """check.steps=5 (in epoch 1), the run killed in epoch 2: resumed, it compares the weights it
+    copied after step 5 before the kill (kept in the checkpoint), as an uninterrupted run does."""
+    ck = tmp_path / "ck"
+    args = [*COMMON, "epochs=3", "nproc=2", "check.steps=5", f"data.dir={idx_dir}", f"save.checkpoint_dir={ck}"]
+    assert trainer([*args, "fault.kind=kill", "fault.rank=1", "fault.iteration=12"], tmp_path).returncode != 0
+    resumed = trainer(args, tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    _, run = only_run(mlflow_uri)
+    assert run.info.status == "FINISHED" and run.data.tags[metrics.TAG_RESUMED_FROM_EPOCH] == "1"
+    assert run.data.tags[metrics.TAG_CHECK] == "done" and run.data.tags[metrics.TAG_CHECK_STEPS] == "5"
+    assert run.data.metrics[metrics.weight_error("max")] < 1e-12  # the 5-step reference, in float64
+
+
 def test_resuming_from_any_epoch_gives_bit_identical_weights():
     """What a checkpoint holds is all the loop needs: epochs 1..k, then k+1..n from the weights
     alone, equal the n epochs in one go, bit for bit (float64, shuffled)."""

@@ -197,7 +197,16 @@ def train_on_rank(
         steps = reference.steps_of(check_steps(cfg.check.steps), len(ds.y_train), schedule)
     snapshot = Snapshot(steps) if 0 < steps < reference.steps_of("all", len(ds.y_train), schedule) else None
     if snapshot is not None and ckpt is not None and ckpt.snapshot.size:  # taken before the job was requeued
-        snapshot.weights = xp.asarray(ckpt.snapshot)
+        snapshot.weights = ckpt.snapshot
+
+    def snapshot_on_host() -> np.ndarray:
+        """The check's weights on the host: copied from the device once (they no longer change)."""
+        if snapshot is None or snapshot.weights is None:
+            return np.zeros(0)
+        if not isinstance(snapshot.weights, np.ndarray):
+            snapshot.weights = backend.to_host(snapshot.weights)
+        return snapshot.weights
+
     if recorder is not None:
         recorder.set_tags(options.tags(type(allreduce).__name__, overlap))
         if steps:
@@ -217,10 +226,7 @@ def train_on_rank(
                 done = e.first_iteration + len(e.losses)
                 acc = np.nan if precision is None else precision
                 state = (backend.to_host(params), e.epoch, done, recorder.run_id, key)
-                taken = (
-                    np.zeros(0) if snapshot is None or snapshot.weights is None else backend.to_host(snapshot.weights)
-                )
-                saved = checkpoint.Checkpoint(*state, e.losses, e.batch_sizes, e.seconds, acc, taken)
+                saved = checkpoint.Checkpoint(*state, e.losses, e.batch_sizes, e.seconds, acc, snapshot_on_host())
                 checkpoint.save(checkpoints, saved)
             if e.epoch == 1 and clock.first_start is not None:
                 recorder.metric(metrics.TIME_TO_FIRST_BATCH, clock.first_start - origin)
@@ -277,5 +283,5 @@ def train_on_rank(
     recorder.finish("FINISHED", close=job is None)  # the run ends with its training; its check may land later
     checkpoint.remove(cfg.save.checkpoint_dir)  # nothing left to resume
     console.summary(recorder.run_id, recorder.uri, rows)
-    checked = final if snapshot is None else backend.to_host(snapshot.weights)
+    checked = final if snapshot is None else snapshot_on_host()
     return PendingCheck(job, on_gpu, recorder, layout, checked, steps)

@@ -11,6 +11,7 @@ MPICH's Hydra both read Slurm's allocation and start ranks on its nodes).
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -138,8 +139,6 @@ def _loads(plugin: str, where: list[str]) -> bool:
 def mpiexecs(configured: str | None) -> dict[str, str]:
     """MPI family -> an mpiexec of it: mpi.mpiexec, the one beside this Python (the mpich wheel's),
     then mpiexec and mpirun on PATH; the first of each family wins."""
-    import os
-
     candidates = [configured] if configured else []
     candidates += [shutil.which("mpiexec", path=os.path.dirname(sys.executable)), shutil.which("mpiexec")]
     candidates.append(shutil.which("mpirun"))
