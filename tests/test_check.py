@@ -18,7 +18,7 @@ import pytest
 
 from tests.test_sweeper import FAST, children_of, parents, sweep
 from tests.test_trainer_runs import COMMON, final_weights, only_run, trainer
-from trainer import data, metrics, model, reference, reference_jobs
+from trainer import data, metrics, model, reference, reference_jobs, tracking
 from trainer.loop import Schedule
 
 pytestmark = pytest.mark.mpi
@@ -90,20 +90,21 @@ def hold_lock(cache: Path, key: str):
     return lock
 
 
-def wait_for(condition, timeout: float = 120):
+def wait_for(condition, timeout: float = 120, proc: subprocess.Popen | None = None):
+    """``condition``'s first true value; fails at once, with its output, should ``proc`` end first."""
     deadline = time.time() + timeout
     while time.time() < deadline:
         value = condition()
         if value:
             return value
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"the trainer ended first ({proc.returncode}):\n{proc.stdout.read()}")
         time.sleep(0.2)
     raise AssertionError("timed out")
 
 
 def runs_of(uri: str):
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(uri)
+    client = tracking.client(uri)  # takes turns with the trainer should the store be new
     exp = client.get_experiment_by_name("sweepscale")
     return [] if exp is None else client.search_runs([exp.experiment_id])
 
@@ -142,7 +143,7 @@ def test_a_slow_check_lands_in_the_run_after_it_ended(idx_dir, mlflow_uri, tmp_p
     """The run ends FINISHED with its training, its check pending; the error lands in it later."""
     lock, proc = trainer_on_a_held_reference(idx_dir, tmp_path)
     try:
-        run = wait_for(lambda: next((r for r in runs_of(mlflow_uri) if r.info.status == "FINISHED"), None))
+        run = wait_for(lambda: next((r for r in runs_of(mlflow_uri) if r.info.status == "FINISHED"), None), proc=proc)
         assert run.data.tags[metrics.TAG_CHECK] == "pending" and metrics.weight_error("max") not in run.data.metrics
         time.sleep(1)
         assert proc.poll() is None  # waiting for its check, the run already ended
@@ -154,9 +155,7 @@ def test_a_slow_check_lands_in_the_run_after_it_ended(idx_dir, mlflow_uri, tmp_p
     assert run.info.status == "FINISHED" and run.data.tags[metrics.TAG_CHECK] == "done"
     assert run.data.metrics[metrics.weight_error("max")] < 1e-12
     logged = run.data.metrics  # the error's time stamp is after the run's end
-    from mlflow.tracking import MlflowClient
-
-    (point,) = MlflowClient(mlflow_uri).get_metric_history(run.info.run_id, metrics.weight_error("max"))
+    (point,) = tracking.client(mlflow_uri).get_metric_history(run.info.run_id, metrics.weight_error("max"))
     assert point.timestamp > run.info.end_time and metrics.TRAIN_LOSS_EPOCH in logged
     assert "max weight error vs CPU after 10 steps" in out
 
@@ -164,7 +163,7 @@ def test_a_slow_check_lands_in_the_run_after_it_ended(idx_dir, mlflow_uri, tmp_p
 def test_a_check_whose_process_is_killed_leaves_the_run_finished(idx_dir, mlflow_uri, tmp_path):
     lock, proc = trainer_on_a_held_reference(idx_dir, tmp_path)
     try:
-        wait_for(lambda: any(r.info.status == "FINISHED" for r in runs_of(mlflow_uri)))
+        wait_for(lambda: any(r.info.status == "FINISHED" for r in runs_of(mlflow_uri)), proc=proc)
         spawned = wait_for(
             lambda: [c for c in children(proc.pid) if b"spawn" in Path(f"/proc/{c}/cmdline").read_bytes()]
         )

@@ -11,7 +11,7 @@ import pytest
 
 from tests.browser import is_blank, render
 from tests.test_sweeper import children_of, parents, sweep
-from trainer import metrics
+from trainer import metrics, tracking
 
 pytestmark = pytest.mark.mpi
 TINY = ["epochs=2", "data.n_train=200", "data.n_test=50", "hidden=16"]
@@ -90,11 +90,9 @@ def test_sweep_ends_with_a_report_of_every_point(study_sweep):
 
 
 def test_report_is_attached_to_the_parent_run(study_sweep):
-    from mlflow.tracking import MlflowClient
-
     _tmp, uri, _result = study_sweep
     (parent,) = parents(uri)
-    client = MlflowClient(uri)
+    client = tracking.client(uri)
     attached = {Path(a.path).name for a in client.list_artifacts(parent.info.run_id, "report")}
     assert {"report.html", "points.csv", "summary.md", "convergence.png", "roofline.png"} <= attached
     assert parent.info.run_name == "sweep nproc x batch_size x lr"

@@ -148,6 +148,4 @@ def test_a_node_going_down_mid_sweep_requeues_only_its_point(tmp_path, mlflow_ur
 
 
 def _history(uri: str, run_id: str, key: str):
-    from mlflow.tracking import MlflowClient
-
-    return MlflowClient(uri).get_metric_history(run_id, key)
+    return tracking.client(uri).get_metric_history(run_id, key)

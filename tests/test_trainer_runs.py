@@ -29,9 +29,7 @@ def trainer(args: list[str], cwd: Path, nproc_mpiexec: int | None = None, timeou
 
 
 def only_run(uri: str, experiment: str = "sweepscale"):
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(uri)
+    client = tracking.client(uri)
     exp = client.get_experiment_by_name(experiment)
     runs = client.search_runs([exp.experiment_id])
     assert len(runs) == 1
@@ -166,9 +164,7 @@ def test_experiment_from_environment(idx_dir, mlflow_uri, tmp_path, monkeypatch)
 def test_reference_is_cached_across_nproc(idx_dir, mlflow_uri, tmp_path):
     for nproc in (1, 2):
         assert trainer([*COMMON, f"nproc={nproc}", f"data.dir={idx_dir}"], tmp_path).returncode == 0
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(mlflow_uri)
+    client = tracking.client(mlflow_uri)
     runs = client.search_runs([client.get_experiment_by_name("sweepscale").experiment_id], order_by=["start_time"])
     assert [r.data.tags["sweepscale.reference"] for r in runs] == ["computed", "cached"]
 
@@ -258,9 +254,7 @@ def performance_run(mlflow_uri: str, overrides: list[str], device_name: str, bat
     record_performance(recorder, cfg, model.Layout(784, 2048), backend, phase_ms, 1, options=options, comm="nccl",
                        n_train=38400)  # fmt: skip
     recorder.finish()
-    from mlflow.tracking import MlflowClient
-
-    return MlflowClient(mlflow_uri).get_run(recorder.run_id)
+    return tracking.client(mlflow_uri).get_run(recorder.run_id)
 
 
 def test_utilization_divides_by_the_peak_of_the_arithmetic_used(mlflow_uri):

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from tests.test_sweeper import FAST, SLURM, children_of, parents, runs, slurm, sweep
-from trainer import metrics
+from trainer import metrics, tracking
 
 pytestmark = pytest.mark.mpi
 
@@ -31,9 +31,7 @@ def _gpus() -> int:
 
 
 def final_weights(uri: str, run_id: str) -> dict[str, np.ndarray]:
-    from mlflow.tracking import MlflowClient
-
-    path = MlflowClient(uri).download_artifacts(run_id, "weights_final.npz")
+    path = tracking.client(uri).download_artifacts(run_id, "weights_final.npz")
     with np.load(path) as z:
         return {k: z[k] for k in z.files}
 

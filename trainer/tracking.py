@@ -7,6 +7,7 @@ MLFLOW_EXPERIMENT_NAME, else ``sqlite:///mlflow.db`` and "sweepscale", with arti
 
 from __future__ import annotations
 
+import fcntl
 import os
 import sys
 import tempfile
@@ -21,6 +22,8 @@ from trainer import journal, metrics
 DEFAULT_URI = "sqlite:///mlflow.db"
 DEFAULT_EXPERIMENT = "sweepscale"
 BATCH = 1000  # MLflow's limit of metrics per log_batch call
+Tags = dict[str, str] | Callable[[], dict[str, str]]  # a run's tags, or a function giving them when it is created
+Setup = Callable[["Recorder"], None]
 
 
 def tracking_uri(configured: str | None) -> str:
@@ -32,25 +35,35 @@ def experiment_name(configured: str | None) -> str:
 
 
 def client(uri: str) -> Any:
+    """A client of the store at ``uri``. Processes opening a new SQLite store take turns: MLflow's
+    migrations creating its tables, run by two at once, fail in one of them."""
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # no progress bars in the sweep's output
     from mlflow.tracking import MlflowClient
 
-    return MlflowClient(tracking_uri=uri)
+    if (db := sqlite_file(uri)) is None or not db.parent.is_dir():
+        return MlflowClient(tracking_uri=uri)
+    fd = os.open(db.parent, os.O_RDONLY)  # the database's folder is the lock: no file left behind
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        return MlflowClient(tracking_uri=uri)  # opens the store, creating its tables where missing
+    finally:
+        os.close(fd)
+
+
+def sqlite_file(uri: str) -> Path | None:
+    """The database file of a SQLite store's URI; None for any other store."""
+    return Path(uri[len("sqlite:///") :]).expanduser().resolve() if uri.startswith("sqlite:///") else None
 
 
 def _artifact_root(uri: str) -> str | None:
     """For a SQLite store, artifacts go to mlruns/ beside the database file."""
-    if not uri.startswith("sqlite:///"):
-        return None
-    db = Path(uri[len("sqlite:///") :]).expanduser().resolve()
-    return (db.parent / "mlruns").as_uri()
+    return None if (db := sqlite_file(uri)) is None else (db.parent / "mlruns").as_uri()
 
 
 def ensure_experiment(mlflow_client: Any, uri: str, name: str) -> str:
-    """The experiment's id, created if missing. It carries MLflow's experiment kind tag
-    (``mlflow.experimentKind``: custom model development), without which MLflow 3's UI opens the
-    experiment on its traces page instead of the runs table; an existing experiment without the
-    tag gets it (one that has a kind keeps it)."""
+    """The experiment's id, created if missing, with MLflow's experiment kind tag (custom model
+    development; an existing experiment without a kind gets it): without it MLflow 3's UI opens
+    the experiment on its traces page instead of the runs table."""
     kind = {metrics.TAG_EXPERIMENT_KIND: metrics.EXPERIMENT_KIND}
     exp = mlflow_client.get_experiment_by_name(name)
     if exp is None:
@@ -77,8 +90,8 @@ class Recorder:
         uri: str,
         experiment: str,
         run_name: str | None,
-        tags: dict[str, str] | Callable[[], dict[str, str]],
-        setup: Callable[[Recorder], None] | None = None,
+        tags: Tags,
+        setup: Setup | None = None,
         background: bool = False,
         resume: str | None = None,
         spool: str | None = None,
@@ -107,14 +120,7 @@ class Recorder:
         self._thread = threading.Thread(target=self._open_catching, args=opening, name="mlflow-run", daemon=True)
         self._thread.start()
 
-    def _open(
-        self,
-        experiment: str,
-        run_name: str | None,
-        tags: dict[str, str] | Callable[[], dict[str, str]],
-        setup: Callable[[Recorder], None] | None,
-        start_ms: int,
-    ) -> None:
+    def _open(self, experiment: str, run_name: str | None, tags: Tags, setup: Setup | None, start_ms: int) -> None:
         tags = tags() if callable(tags) else tags
         self.client = client(self.uri)
         exp_id = ensure_experiment(self.client, self.uri, experiment)
@@ -281,9 +287,7 @@ class Recorder:
 def opens_in_background(uri: str) -> bool:
     """Whether a run in ``uri`` may be created while training starts: a SQLite file in an existing
     folder. Any other store is opened first, so that a wrong URI stops the run before it trains."""
-    if not uri.startswith("sqlite:///"):
-        return False
-    return Path(uri[len("sqlite:///") :]).expanduser().resolve().parent.is_dir()
+    return (db := sqlite_file(uri)) is not None and db.parent.is_dir()
 
 
 def mark_ended(uri: str, run_id: str, status: str, error: str, rank: int) -> None:
