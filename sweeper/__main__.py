@@ -12,8 +12,8 @@ import hydra
 from omegaconf import DictConfig
 
 from sweeper.config import FLAGS, register, reject_renamed
-from trainer.config import check_old_keys
 from trainer.errors import ConfigError
+from trainer.old_keys import check_old_keys
 
 register()
 

@@ -113,3 +113,12 @@ def compose(overrides: list[str] | None = None):
     register()
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         return hydra_compose(config_name="trainer", overrides=overrides or [])
+
+
+@pytest.fixture(autouse=True)
+def timing_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Each test's runs see only each other as running beside them (trainer/contention.py): tests
+    side by side (xdist) are not each other's contention, nor wait for each other's exclusive timing."""
+    folder = tmp_path / "timing"
+    monkeypatch.setenv("SWEEPSCALE_TIMING_DIR", str(folder))
+    return folder

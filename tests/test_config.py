@@ -9,11 +9,12 @@ from hydra.errors import ConfigCompositionException
 
 from tests.conftest import compose
 from trainer import model, reference
-from trainer.config import check_old_keys, validate
+from trainer.config import validate
 from trainer.data import pixel_levels
 from trainer.errors import ConfigError
 from trainer.gpu.policy import gemm_products, overlap_wanted, window_wanted
 from trainer.identity import config_hash
+from trainer.old_keys import check_old_keys
 from trainer.options import gemm_mode
 from trainer.run import schedule_of
 

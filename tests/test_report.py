@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -35,6 +36,7 @@ def study_sweep(tmp_path_factory: pytest.TempPathFactory):
     uri = f"sqlite:///{tmp / 'mlflow.db'}"
     mp.setenv("MLFLOW_TRACKING_URI", uri)
     mp.setenv("SWEEPSCALE_CACHE", str(tmp / "cache"))
+    mp.setenv("SWEEPSCALE_TIMING_DIR", str(tmp / "timing"))  # this sweep's runs only (conftest.timing_folder)
     result = sweep(["nproc=1,2", "batch_size=40,80", "lr=0.1,0.5", *TINY], tmp)
     yield tmp, uri, result
     mp.undo()
@@ -59,19 +61,28 @@ def test_sweep_ends_with_a_report_of_every_point(study_sweep):
         assert row["run_id"] == kids[name].info.run_id
         assert float(row["batch_ms"]) == pytest.approx(kids[name].data.metrics[metrics.phase_time("batch")])
 
-    # Strong: the global batch fixed, nproc 1 -> 2; speedup is the runs' own T1 / T2.
+    # lr changes no batch's work: the two lr values are repeats of one timing, T at an nproc the
+    # median of its repeats that ran with nothing beside them (of all, where none did).
+    def time_of(batch: str, nproc: str) -> float:
+        repeats = [rows[f"nproc={nproc},batch_size={batch},lr={lr}"] for lr in ("0.1", "0.5")]
+        alone = [r for r in repeats if float(r["runs_beside"]) == 0] or repeats
+        return statistics.median(float(r["batch_ms"]) for r in alone)
+
     for lr in ("0.1", "0.5"):
-        for b in ("40", "80"):
+        for b in ("40", "80"):  # strong: the global batch fixed, nproc 1 -> 2; speedup T1 / T2
             one, two = rows[f"nproc=1,batch_size={b},lr={lr}"], rows[f"nproc=2,batch_size={b},lr={lr}"]
-            speedup = float(one["batch_ms"]) / float(two["batch_ms"])
+            speedup = time_of(b, "1") / time_of(b, "2")
+            assert two["strong_family"] == f"batch_size={b} (repeats over lr)"
             assert float(two["strong_speedup"]) == pytest.approx(speedup, rel=1e-3)
             assert float(two["strong_efficiency"]) == pytest.approx(speedup / 2, rel=1e-3)
             assert float(one["strong_speedup"]) == 1.0
         # Weak: 40 rows per rank, (B=40, 1 rank) -> (B=80, 2 ranks): scaled speedup 2 T1/T2.
-        one, two = rows[f"nproc=1,batch_size=40,lr={lr}"], rows[f"nproc=2,batch_size=80,lr={lr}"]
-        ratio = float(one["batch_ms"]) / float(two["batch_ms"])
+        two = rows[f"nproc=2,batch_size=80,lr={lr}"]
+        ratio = time_of("40", "1") / time_of("80", "2")
         assert float(two["weak_speedup"]) == pytest.approx(2 * ratio, rel=1e-3)
         assert float(two["weak_efficiency"]) == pytest.approx(ratio, rel=1e-3)
+    assert {r["timing"] for r in rows.values()} == {"shared"}  # each run says what ran beside it
+    assert all(r["runs_beside"] != "" for r in rows.values())
 
     for png in ("convergence", "finals", "weight_error", "scaling_strong", "scaling_weak", "phases", "roofline"):
         assert (folder / f"{png}.png").stat().st_size > 10_000, png
@@ -86,7 +97,7 @@ def test_sweep_ends_with_a_report_of_every_point(study_sweep):
     assert float(over["overhead_per_point_s"]) == pytest.approx((wall - training) / 8, abs=1e-3)
     assert int(over["warm"]) + int(over["cold"]) == 8
     assert all(float(r["in_run_s"]) >= float(r["training_s"]) for r in rows.values())
-    assert "<h2>Overhead</h2>" in (folder / "report.html").read_text()
+    assert '<h2 id="overhead">Overhead</h2>' in (folder / "report.html").read_text()
 
 
 def test_report_is_attached_to_the_parent_run(study_sweep):

@@ -7,7 +7,8 @@ import math
 
 import pytest
 
-from sweeper.report import analysis
+from sweeper.report import analysis, families
+from trainer import metrics
 
 
 def grid(**axes) -> list[dict]:
@@ -25,7 +26,7 @@ def test_axes_follow_the_sweeps_order_then_the_usual_one():
 
 def test_strong_families_differ_only_in_nproc():
     configs = grid(hidden=[128, 512], nproc=[1, 2, 4])
-    fams = analysis.families(configs)
+    fams = families.families(configs)
     assert [f.kind for f in fams] == ["strong", "strong"]
     assert [f.fixed for f in fams] == [{"hidden": 128, "batch_size": 3200}, {"hidden": 512, "batch_size": 3200}]
     for f in fams:
@@ -35,7 +36,7 @@ def test_strong_families_differ_only_in_nproc():
 def test_weak_family_keeps_rows_per_rank():
     # The scaling preset: batch_size = 3200 x nproc.
     configs = [{**c, "batch_size": 3200 * c["nproc"]} for c in grid(hidden=[512, 1024], nproc=[1, 2, 4])]
-    fams = analysis.families(configs)
+    fams = families.families(configs)
     assert [(f.kind, f.fixed) for f in fams] == [
         ("weak", {"hidden": 512, "rows per rank": 3200}),
         ("weak", {"hidden": 1024, "rows per rank": 3200}),
@@ -44,34 +45,34 @@ def test_weak_family_keeps_rows_per_rank():
 
 def test_batch_study_holds_strong_and_weak_families_and_batch_groups():
     configs = grid(batch_size=[32, 64, 128], nproc=[1, 2])
-    fams = analysis.families(configs)
+    fams = families.families(configs)
     strong = [f for f in fams if f.kind == "strong"]
     weak = [f for f in fams if f.kind == "weak"]
     assert [f.fixed["batch_size"] for f in strong] == [32, 64, 128]
     # Rows per rank 32: (32, 1) and (64, 2); 64: (64, 1) and (128, 2).
     assert [f.fixed["rows per rank"] for f in weak] == [32, 64]
     assert all(len(f.members) == 2 for f in weak)
-    studies = analysis.batch_studies(configs)
+    studies = families.batch_studies(configs)
     assert [s.fixed for s in studies] == [{"nproc": 1}, {"nproc": 2}]
     assert [configs[i]["batch_size"] for i in studies[0].members] == [32, 64, 128]
 
 
 def test_single_axis_and_mixed_sweeps_have_no_scaling_family():
-    assert analysis.families(grid(lr=[0.01, 0.1, 1.0])) == []
-    assert analysis.batch_studies(grid(lr=[0.01, 0.1, 1.0])) == []
+    assert families.families(grid(lr=[0.01, 0.1, 1.0])) == []
+    assert families.batch_studies(grid(lr=[0.01, 0.1, 1.0])) == []
     # nproc and hidden change together: no two points differ in nproc alone.
     mixed = [{**grid()[0], "nproc": p, "hidden": h} for p, h in ((1, 128), (2, 256), (4, 512))]
-    assert analysis.families(mixed) == []
+    assert families.families(mixed) == []
     # Two nproc values with a batch that does not keep rows per rank: neither strong nor weak.
     odd = [{**grid()[0], "nproc": 1, "batch_size": 100}, {**grid()[0], "nproc": 2, "batch_size": 300}]
-    assert analysis.families(odd) == []
+    assert families.families(odd) == []
 
 
 def test_speedup_and_efficiency_strong_and_weak():
-    strong = analysis.scaling("strong", [1, 2, 4], [10.0, 6.0, 4.0])
+    strong = families.scaling("strong", [1, 2, 4], [10.0, 6.0, 4.0])
     assert strong[1] == pytest.approx((10 / 6, 2, 10 / 12))
     assert strong[2] == pytest.approx((2.5, 4, 0.625))
-    weak = analysis.scaling("weak", [1, 2, 4], [10.0, 10.0, 12.5])
+    weak = families.scaling("weak", [1, 2, 4], [10.0, 10.0, 12.5])
     assert weak[1] == pytest.approx((2.0, 2, 1.0))
     assert weak[2] == pytest.approx((3.2, 4, 0.8))
 
@@ -81,7 +82,7 @@ def test_divergence_nan_and_rising_loss():
     nan = analysis.divergence([(0, 2.3), (1, 5.0), (2, math.nan)])
     assert (nan.step, nan.why) == (2, "loss is NaN")
     rising = analysis.divergence([(0, 2.3), (1, 2.1), (2, 3.0), (3, 4.0), (4, 9.0)])
-    assert (rising.step, rising.why) == (2, "loss rose past its start")
+    assert (rising.step, rising.why) == (2, "loss rose 5% past its start")
     # A spike that recovers is not divergence.
     assert analysis.divergence([(0, 2.3), (1, 2.6), (2, 1.0), (3, 0.5)]) is None
 
@@ -97,10 +98,72 @@ def test_regimes_from_steps_to_target():
     assert [analysis.steps_to_target(c, target) for c in curves] == [3, 2]
 
 
-def test_best_ignores_nan_and_missing():
-    assert analysis.best([0.5, math.nan, 0.9, None]) == 2
-    assert analysis.best([0.5, 0.2], higher=False) == 1
-    assert analysis.best([None, math.nan]) is None
+def point(name: str, config: dict, ms: float, beside: int = 0, precision: float = 0.9, loss=None, status="FINISHED"):
+    """A study point as the report reads it from MLflow."""
+    from sweeper.report.study import Point
+
+    values = {metrics.phase_time("batch"): ms, metrics.BESIDE: beside, metrics.TEST_PRECISION: precision}
+    values.update({metrics.phase_quantile("batch", "q1"): ms * 0.95, metrics.phase_quantile("batch", "q3"): ms * 1.05})
+    values[metrics.SAMPLES_PER_S] = config["batch_size"] * 1000 / ms
+    return Point(name, name, "s", status, config, values, {}, loss=loss or [(0, 2.3), (1, 1.0)])
+
+
+def test_the_best_point_never_diverged_and_ties_go_to_fewer_ranks():
+    pts = [
+        point("a", {"nproc": 2, "batch_size": 8}, 1, precision=0.9),
+        point("b", {"nproc": 1, "batch_size": 8}, 1, precision=0.9),
+        point("nan", {"nproc": 1, "batch_size": 8}, 1, precision=0.99, loss=[(0, 2.3), (1, math.nan)]),
+        point("rising", {"nproc": 1, "batch_size": 8}, 1, precision=0.98, loss=[(0, 2.3), (1, 9.0)]),
+        point("failed", {"nproc": 1, "batch_size": 8}, 1, precision=0.97, status="FAILED"),
+    ]
+    precision = lambda p: p.metrics.get(metrics.TEST_PRECISION)  # noqa: E731
+    assert analysis.best_point(pts, precision).name == "b"
+    assert analysis.best_point(pts[2:], precision) is None
+
+
+def test_a_loss_that_barely_moves_has_not_diverged():
+    """lr=1e-4: the loss wanders around its start; the rule has a tolerance (RISE_TOLERANCE)."""
+    flat = [(s, 2.3026 + 0.002 * ((-1) ** s)) for s in range(40)]
+    assert analysis.divergence(flat) is None
+    assert analysis.divergence([(0, 2.3), (1, 2.3), (2, 2.6), (3, 2.7)]).why == "loss rose 5% past its start"
+
+
+def test_lr_pools_as_repeats_and_speedup_comes_from_timings_with_nothing_beside():
+    """The issue's study: nproc=1 points ran two at a time (contended, 20 ms), one alone (10 ms)."""
+    configs = [{"hidden": 64, "batch_size": 64, "nproc": n, "lr": lr} for n in (1, 2) for lr in (0.05, 0.2, 0.8)]
+    ms = {
+        (1, 0.05): (20, 1),
+        (1, 0.2): (10, 0),
+        (1, 0.8): (21, 1),
+        (2, 0.05): (6, 0),
+        (2, 0.2): (6.2, 0),
+        (2, 0.8): (5.8, 0),
+    }
+    pts = [point(f"p{i}", c, *ms[(c["nproc"], c["lr"])]) for i, c in enumerate(configs)]
+    (fam,) = families.families(configs)
+    assert fam.label == "batch_size=64 (repeats over lr)" and len(fam.members) == 6
+    one, two = families.family_rows(pts, fam)
+    assert (one.batch_ms, one.contended, one.trusted, one.repeats) == (10, 2, True, [])
+    assert two.batch_ms == 6 and two.repeats == [6, 6.2, 5.8] and two.contended == 0
+    assert two.speedup == pytest.approx(10 / 6) and two.efficiency == pytest.approx(10 / 12)
+    assert families.flags(fam, [one, two]) == []
+
+
+def test_a_baseline_timed_only_beside_others_is_flagged_with_its_efficiency_above_one():
+    configs = [{"hidden": 256, "batch_size": 64, "nproc": n, "lr": 0.1} for n in (1, 2)]
+    pts = [point("one", configs[0], 20, beside=1), point("two", configs[1], 6)]
+    (fam,) = families.families(configs)
+    rows = families.family_rows(pts, fam)
+    assert rows[1].efficiency == pytest.approx(20 / 12) and not rows[0].trusted
+    assert families.flags(fam, rows) == [
+        "nproc=1 was timed only beside other runs on its host: its speedup is not to be trusted "
+        "(run the study with perf.timing=exclusive)",
+        "efficiency 167% at nproc=2 is above 1: its baseline nproc=1 was slowed by other runs beside it",
+    ]
+    alone = [point("one", configs[0], 20), point("two", configs[1], 9.6)]  # 104%: noise, said so
+    assert families.flags(fam, families.family_rows(alone, fam)) == []
+    fast = [point("one", configs[0], 20), point("two", configs[1], 6)]
+    assert "superlinear" in families.flags(fam, families.family_rows(fast, fam))[0]
 
 
 def run(sweep_id: str = "s1", start: int = 0, end: int | None = 10_000, epochs=(2.0, 3.0), **kw):

@@ -7,8 +7,9 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from trainer.config import check_old_keys, register
+from trainer.config import register
 from trainer.errors import ConfigError
+from trainer.old_keys import check_old_keys
 from trainer.run import main as run_main
 
 register()

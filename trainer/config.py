@@ -1,10 +1,9 @@
 """Typed schema of the trainer's configuration, registered in Hydra's ConfigStore.
 
-The values live in ``conf/base/trainer.yaml``, ``conf/gpu/`` and ``conf/paths/`` (and the
-sweeper's presets); the types live here, so Hydra itself rejects unknown keys (``Key 'hiden' not
-in 'TrainerConfig'``) and ill-typed values (``Value 'abc' of type 'str' could not be converted to
-Integer``). Range checks that a type cannot express are in :func:`validate`, which runs before any
-rank starts or any job is submitted; :func:`check_old_keys` refuses the keys that moved.
+The values live in ``conf/base/trainer.yaml``, ``conf/gpu/``, ``conf/paths/`` and the presets; the
+types live here, so Hydra itself rejects unknown keys (``Key 'hiden' not in 'TrainerConfig'``) and
+ill-typed values. Range checks that a type cannot express are in :func:`validate`, run before any
+rank starts or job is submitted; trainer/old_keys.py refuses the keys that moved.
 """
 
 from __future__ import annotations
@@ -74,6 +73,11 @@ class Divergence(str, Enum):
 class Init(str, Enum):
     fan_in = "fan_in"  # W ~ N(0, 1/fan_in), b = 0: pre-activations of order one on [0, 1] pixels
     course = "course"  # W = 0.01 N(0, 1), b = 0: the course's C++ (NeuralNetwork(): 0.01 * arma::randn, b.zeros)
+
+
+class Timing(str, Enum):
+    shared = "shared"  # timed beside whatever else runs on the host, which the run records (timing/beside)
+    exclusive = "exclusive"  # no other run's timed batches on the host meanwhile (trainer/contention.py)
 
 
 class PixelScale(str, Enum):
@@ -149,6 +153,8 @@ class PerfConfig:
     # Times the first epoch's batches are timed: 1 = the training run alone; k > 1 times them k - 1
     # more times after training, on a scratch copy of the initial weights (time/batch_ms_repeat).
     repeats: int = MISSING
+    # shared, or exclusive: no other run's timed batches on this host meanwhile (a scaling study's).
+    timing: Timing = MISSING
 
 
 @dataclass
@@ -274,25 +280,3 @@ def check_steps(value: str) -> int | str | None:
     if text == "all":
         return "all"
     return int(text) if text.isdigit() and int(text) >= 1 else None
-
-
-# Keys that moved into the gpu group: old spelling -> new key.
-OLD_KEYS = {k: f"gpu.{k}" for k in ("step", "comm", "overlap", "nccl_window", "profile")}
-OLD_KEYS.update(tf32="gpu.gemm", fp32_gemm="gpu.gemm")
-
-
-def check_old_keys(overrides: list[str]) -> None:
-    """Refuse the old spellings of the gpu group's keys (``tf32=true``, ``step=fused``, ...) before
-    anything starts. Raises ConfigError naming the new key, e.g. "tf32 is now gpu.gemm=tf32"."""
-    for arg in overrides:
-        if arg.startswith("-"):  # --multirun, -m, --dry-run, ...
-            continue
-        key, _, value = arg.lstrip("+~").partition("=")
-        if key not in OLD_KEYS:
-            continue
-        new = OLD_KEYS[key]
-        if key == "tf32":
-            if value.lower() in ("true", "1", "yes", "on"):
-                raise ConfigError("tf32 is now gpu.gemm=tf32 (one TF32 product); set gpu.gemm=tf32 or gpu=tf32")
-            raise ConfigError(f"tf32 is now gpu.gemm: tf32={value} is gpu.gemm=bf16x3 (the default), tf32x3 or sgemm")
-        raise ConfigError(f"{key} is now {new}" + (f"={value}; set {new}={value}" if value else f"; set {new}"))

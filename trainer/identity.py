@@ -24,9 +24,11 @@ IDENTITY: dict[str, str] = {
         "gpu.step", "gpu.comm", "gpu.gemm", "gpu.overlap", "gpu.nccl_window",
         "check.reference", "check.steps",
         "perf.peak_tflops", "perf.repeats",
-        "fault.rank", "fault.iteration", "fault.kind",
+        "fault.rank", "fault.iteration", "fault.kind", "perf.timing",
     )
 }  # fmt: skip
+# Keys that joined later: hashed only where they differ from the value every earlier result had.
+SINCE: dict[str, str] = {"perf.timing": "shared"}
 
 
 def identity(cfg: Any, ignore: tuple[str, ...] = ()) -> dict[str, Any]:
@@ -39,7 +41,8 @@ def identity(cfg: Any, ignore: tuple[str, ...] = ()) -> dict[str, Any]:
         node: Any = values
         for part in path.split("."):
             node = node[part]
-        out[name] = node
+        if SINCE.get(path, object()) != node:
+            out[name] = node
     return out
 
 

@@ -69,6 +69,12 @@ TAG_CHECK_STEPS = "sweepscale.check_steps"
 TAG_CHECK = "sweepscale.check"
 # Seconds from the process's start (cold) or the point's claim (warm) to its first batch.
 TIME_TO_FIRST_BATCH = "time/to_first_batch_s"
+# What else ran while the batches were timed (trainer/contention.py): how many other runs of the host,
+# which ("name (GPUs)"), the seconds waited for the host, and perf.timing (shared | exclusive).
+BESIDE = "timing/beside"
+TAG_BESIDE = "sweepscale.beside"
+HOST_WAIT_S = "timing/host_wait_s"
+TAG_TIMING = "sweepscale.timing"
 
 
 def phase_time(phase: str) -> str:

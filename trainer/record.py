@@ -12,6 +12,7 @@ from omegaconf import DictConfig, OmegaConf
 from trainer import console, flops, metrics, model, parallel, tracking
 from trainer.backend import Backend
 from trainer.checkpoint import Checkpoint
+from trainer.contention import TimedSpan
 from trainer.identity import config_hash
 from trainer.loop import GENERIC, EpochResult
 from trainer.options import StepOptions
@@ -184,3 +185,13 @@ def record_performance(
             )
     if nproc > 1 and not overlap and phase_ms.get("allreduce", 0) > 0:
         recorder.metric(metrics.ALLREDUCE_GBPS, ar_bytes / (phase_ms["allreduce"] / 1e3) / 1e9)
+
+
+def record_beside(recorder: tracking.Recorder, span: TimedSpan) -> None:
+    """What else ran while the batches were timed: the report trusts timings with nothing beside."""
+    recorder.metric(metrics.BESIDE, len(span.beside))
+    recorder.metric(metrics.HOST_WAIT_S, span.waited_s)
+    tags = {metrics.TAG_TIMING: "exclusive" if span.exclusive else "shared"}
+    if span.beside:
+        tags[metrics.TAG_BESIDE] = ", ".join(span.beside)[:5000]
+    recorder.set_tags(tags)

@@ -5,6 +5,7 @@ run -> data (trainer/data.py) -> model (model.py, the step: step.py) -> loop (lo
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import sys
@@ -33,11 +34,12 @@ from trainer.backend import Backend, gpu_count, pinned, select
 from trainer.check import PendingCheck
 from trainer.check import start as start_reference
 from trainer.clock import PhaseClock, process_start
-from trainer.config import Divergence, Gemm, check_steps, validate
+from trainer.config import Divergence, Gemm, Timing, check_steps, validate
+from trainer.contention import for_run
 from trainer.errors import ConfigError
 from trainer.loop import STEP_PHASES, EpochResult, Schedule, Snapshot, check_finite, fit
 from trainer.options import StepOptions
-from trainer.record import record_epoch, record_performance, resume_recording, start_recording
+from trainer.record import record_beside, record_epoch, record_performance, resume_recording, start_recording
 from trainer.requeue import TimeLimitReached
 from trainer.sigterm import Terminated
 from trainer.uri_check import check_uri
@@ -241,22 +243,27 @@ def train_on_rank(
     last: dict[str, float | None] = {}
     fault = cfg.fault.iteration if cfg.fault.rank == world.rank else None
     rank, size = world.rank, world.size
-    fit(
-        *(xp, layout, params, x_train, y_train, schedule, rank, size, allreduce, clock, on_epoch, fault, options),
-        fault_kind=cfg.fault.kind.value,
-        start_epoch=1 if ckpt is None else ckpt.epoch + 1,
-        snapshot=snapshot,
-    )
-    # perf.repeats: the first epoch timed again on scratch weights, on every rank (the sums are collective).
-    repeat_ms = [clock.medians()["batch"]]  # r = 0: the training run's own median
-    first_epoch = replace(schedule, epochs=1)
-    for _ in range(cfg.perf.repeats - 1):  # each on a scratch copy of the initial weights
-        repeat_clock = PhaseClock(STEP_PHASES, gpu=on_gpu)
-        keywords = {"rank": rank, "size": size, "allreduce": allreduce, "clock": repeat_clock, "options": options}
-        fit(xp, layout, xp.array(init), x_train, y_train, first_epoch, **keywords)
-        repeat_ms.append(repeat_clock.medians()["batch"])
+    exclusive = cfg.perf.timing == Timing.exclusive
+    span = contextlib.nullcontext() if recorder is None else for_run(cfg.mlflow.run_name, exclusive, size, backend.kind)
+    with span:  # the batches timed: the host's lock held, what else ran meanwhile noted
+        world.comm.barrier()  # every rank starts its clock once rank 0 has the host
+        fit(
+            *(xp, layout, params, x_train, y_train, schedule, rank, size, allreduce, clock, on_epoch, fault, options),
+            fault_kind=cfg.fault.kind.value,
+            start_epoch=1 if ckpt is None else ckpt.epoch + 1,
+            snapshot=snapshot,
+        )
+        # perf.repeats: the first epoch timed again on scratch weights, on every rank (the sums are collective).
+        repeat_ms = [clock.medians()["batch"]]  # r = 0: the training run's own median
+        first_epoch = replace(schedule, epochs=1)
+        for _ in range(cfg.perf.repeats - 1):  # each on a scratch copy of the initial weights
+            repeat_clock = PhaseClock(STEP_PHASES, gpu=on_gpu)
+            keywords = {"rank": rank, "size": size, "allreduce": allreduce, "clock": repeat_clock, "options": options}
+            fit(xp, layout, xp.array(init), x_train, y_train, first_epoch, **keywords)
+            repeat_ms.append(repeat_clock.medians()["batch"])
     if recorder is None:
         return None
+    record_beside(recorder, span)
     if steps and job is None:  # on the CPU, after the timed batches: it would take their cores
         job = start_reference(cfg, layout, schedule, init, ds, steps)
     if allreduce.via == "nccl":  # the window's state is known once fit has asked it for the gradient's buffer

@@ -144,10 +144,11 @@ def precision_and_finals(points: list[Point], axis: list[str], out: Path) -> Pat
         "final test precision": [_last(p.precision) for p in points],
         "final training loss": [_last(p.loss_epoch) for p in points],
     }
+    top = analysis.best_point(points, lambda p: p.metrics.get(metrics.TEST_PRECISION))
     for k, key in enumerate(shown):
         for j, (what, values) in enumerate(finals.items()):
-            _against(ax[1 + k][j], points, key, values, what, higher=j == 0)
-    fig.suptitle("Precision, and where each axis is best")
+            _against(ax[1 + k][j], points, key, values, what, top)
+    fig.suptitle("Precision, and the study's best point (starred: highest precision, not diverged)")
     return save(fig, out)
 
 
@@ -155,8 +156,8 @@ def _last(series: list[tuple[int, float]]) -> float | None:
     return series[-1][1] if series else None
 
 
-def _against(a: Any, points: list[Point], key: str | None, values: list, what: str, higher: bool) -> None:
-    """Final value against one axis, one line per combination of the other axes; best starred."""
+def _against(a: Any, points: list[Point], key: str | None, values: list, what: str, top: Point | None) -> None:
+    """Final value against one axis, one line per combination of the other axes; the study's best starred."""
     if key is None:
         a.bar([p.name for p in points], [v or 0 for v in values])
         a.set_title(what)
@@ -175,8 +176,8 @@ def _against(a: Any, points: list[Point], key: str | None, values: list, what: s
     bad = [(p.get(key), v) for p, v in zip(points, values) if p.diverged and v is not None and math.isfinite(v)]
     if bad:  # "too large": still drawn, marked
         a.plot(*zip(*bad), "x", color="firebrick", ms=9, mew=2, zorder=4, label="diverged")
-    i = analysis.best([None if p.diverged else v for p, v in zip(points, values)], higher)
-    if i is not None and not points[i].diverged:
+    i = next((i for i, p in enumerate(points) if p is top and values[i] is not None), None)
+    if i is not None:
         a.plot(
             points[i].get(key),
             values[i],

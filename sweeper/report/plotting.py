@@ -47,7 +47,7 @@ def use_log(key: str, values: Sequence[Any]) -> bool:
 
 
 def save(fig: Figure, path: Path) -> Path:
-    fig.savefig(path, format="png")
+    fig.savefig(path, format="png", bbox_inches="tight", pad_inches=0.15)  # nothing clipped: titles, notes below
     plt.close(fig)
     return path
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sweeper.report import analysis, convergence, page, scaling
+from sweeper.report import analysis, convergence, families, findings, page, scaling
 from sweeper.report.drawing import draw
 from sweeper.report.overhead import Overhead, in_run_s, per_sweep
 from sweeper.report.roofline import roofline_figure
@@ -30,6 +30,7 @@ class Report:
     figures: dict[str, Path] = field(default_factory=dict)  # caption -> PNG
     rows: list[dict[str, Any]] = field(default_factory=list)  # the CSV's rows
     summary: str = ""  # Markdown
+    findings: list[str] = field(default_factory=list)  # the study's take-aways, in words
     best: Point | None = None
     overhead: list[Overhead] = field(default_factory=list)  # one per sweep
     seconds: float = 0.0
@@ -64,7 +65,7 @@ def build(study: Study, folder: Path) -> Report:
         drawn["Weight error against the CPU reference"] = draw(
             convergence.weight_error, finished, axis, folder / "weight_error.png"
         )
-    fams = [(f, analysis.family_rows(finished, f)) for f in analysis.families(configs, order)]
+    fams = [(f, families.family_rows(finished, f)) for f in families.families(configs, order)]
     for kind in ("strong", "weak"):
         mine = [(f, rows) for f, rows in fams if f.kind == kind]
         if mine:
@@ -73,7 +74,7 @@ def build(study: Study, folder: Path) -> Report:
             )
     if fams:
         drawn["Phases per nproc"] = draw(scaling.phases_figure, fams, folder / "phases.png")
-    studies = analysis.batch_studies(configs, order)
+    studies = families.batch_studies(configs, order)
     if studies:
         drawn["Batch size: regimes of data parallelism"] = draw(
             scaling.regimes_figure, finished, studies, folder / "regimes.png"
@@ -93,10 +94,12 @@ def build(study: Study, folder: Path) -> Report:
     # A study built by hand has no runs list: its points are then the runs it ran.
     report.overhead = per_sweep(study.sweeps, study.runs or study.points)
     write_csv([o.row() for o in report.overhead], folder / "overhead.csv")
-    i = analysis.best([p.metrics.get(metrics.TEST_PRECISION) for p in finished])
-    report.best = finished[i] if i is not None else None
+    report.best = analysis.best_point(finished, lambda p: p.metrics.get(metrics.TEST_PRECISION))
+    if findings.timing_study(finished):
+        report.best = None  # a timing study's precision is not its result
+    report.findings = findings.findings(points, axis, report.best, fams)
     table = scaling.family_table(fams)
-    report.summary = summary_markdown(study, points, report.best, fams, regimes, report.overhead)
+    report.summary = summary_markdown(study, points, report, fams, regimes)
     (folder / "summary.md").write_text(report.summary)
     page.write(folder / "report.html", study, report, every_axis, table, regimes)
     report.seconds = time.perf_counter() - t0
@@ -112,14 +115,15 @@ def csv_rows(points: list[Point], axis: list[str], fams: list, finished: list[Po
     """One row per point: its axes, status, final values, timings and scaling figures."""
     scaled: dict[str, dict[str, str]] = {}
     for fam, rows in fams:
-        for i, r in zip(fam.members, rows):
-            scaled.setdefault(finished[i].run_id, {}).update(
-                {
-                    f"{fam.kind}_family": fam.label,
-                    f"{fam.kind}_speedup": f"{r.speedup:.4g}",
-                    f"{fam.kind}_efficiency": f"{r.efficiency:.4g}",
-                }
-            )
+        for r in rows:
+            for i in r.members:
+                scaled.setdefault(finished[i].run_id, {}).update(
+                    {
+                        f"{fam.kind}_family": fam.label,
+                        f"{fam.kind}_speedup": f"{r.speedup:.4g}",
+                        f"{fam.kind}_efficiency": f"{r.efficiency:.4g}",
+                    }
+                )
     out = []
     for p in points:
         m = p.metrics
@@ -145,6 +149,9 @@ def csv_rows(points: list[Point], axis: list[str], fams: list, finished: list[Po
                 "training_s": sum(v for _e, v in p.epoch_s) if p.epoch_s else "",
                 "in_run_s": in_run_s(p) if p.end_ms is not None else "",
                 "to_first_batch_s": m.get(metrics.TIME_TO_FIRST_BATCH, ""),
+                "timing": p.tags.get(metrics.TAG_TIMING, ""),
+                "runs_beside": m.get(metrics.BESIDE, ""),
+                "beside": p.tags.get(metrics.TAG_BESIDE, ""),
                 "warm": p.tags.get(metrics.TAG_WARM, ""),
                 "worker": p.tags.get(metrics.TAG_WORKER, ""),
             }
@@ -169,16 +176,9 @@ def _num(value: Any, spec: str) -> str:
     return format(value, spec) if isinstance(value, (int, float)) and math.isfinite(value) else "-"
 
 
-def summary_markdown(
-    study: Study,
-    points: list[Point],
-    best: Point | None,
-    fams: list,
-    regimes: dict[str, list],
-    overhead: Sequence[Overhead] = (),
-) -> str:
-    """The parent run's description in the MLflow UI: what ran, the best point, the tables."""
-    s = study.sweeps[0]
+def summary_markdown(study: Study, points: list[Point], report: Report, fams: list, regimes: dict[str, list]) -> str:
+    """The parent run's description in the MLflow UI: what ran, the findings, the tables."""
+    s, best = study.sweeps[0], report.best
     done = sum(p.status == "FINISHED" for p in points)
     lines = [
         f"**{s.name or 'sweep'}**: {len(points)} point(s), {done} finished"
@@ -187,12 +187,9 @@ def summary_markdown(
     ]
     if s.command:
         lines += [f"`{s.command}`", ""]
+    lines += [*(f"- {sentence}" for sentence in report.findings), ""]
     if best is not None:
-        lines += [
-            f"Best test precision **{best.metrics[metrics.TEST_PRECISION]:.4f}** at `{best.name}` "
-            f"(run `{best.run_id}`).",
-            "",
-        ]
+        lines += [f"Best point: `{best.name}` (run `{best.run_id}`).", ""]
     lines += ["| point | status | final loss | precision | ms/batch | max weight err |", "|---|---|---|---|---|---|"]
     for p in points:
         m, bad = p.metrics, p.diverged
@@ -205,12 +202,15 @@ def summary_markdown(
     for name, why in study.missing:
         lines.append(f"| {name} | {why} | - | - | - | - |")
     for fam, rows in fams:
-        text = ", ".join(f"{r.nproc}: {r.speedup:.2f}x ({r.efficiency:.0%})" for r in rows)
+        text = ", ".join(
+            f"{r.nproc}: {r.speedup:.2f}x ({r.efficiency:.0%}{'' if r.trusted else ', timed beside other runs'})"
+            for r in rows
+        )
         lines += ["", f"{fam.kind.capitalize()} scaling, {fam.label}: speedup (efficiency) by nproc {text}"]
     for label, segs in regimes.items():
         text = "; ".join(f"B {g.lo}->{g.hi}: {g.name} (slope {g.slope:.2f})" for g in segs)
         lines += ["", f"Batch-size regimes, {label}: {text}"]
-    lines += overhead_markdown(overhead)
+    lines += overhead_markdown(report.overhead)
     lines += ["", f"Figures, CSV and the HTML report: artifacts `{ARTIFACT_DIR}/` of this run."]
     return "\n".join(lines)
 

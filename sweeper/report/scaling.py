@@ -6,8 +6,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from sweeper.report import analysis
-from sweeper.report.analysis import Family, Scaling
+from sweeper.report import analysis, families
+from sweeper.report.families import Family, Scaling
 from sweeper.report.plotting import fmt, grid, log_ticks, palette, save
 from sweeper.report.study import Point
 from trainer import metrics
@@ -40,6 +40,11 @@ def scaling_figure(kind: str, fams: list[tuple[Family, list[Scaling]]], out: Pat
         ax[0][1].plot(p, [r.samples_per_s for r in rows], marker="o", color=c)
         ax[0][2].plot(p, [r.speedup for r in rows], marker="o", color=c)
         ax[0][3].plot(p, [r.efficiency for r in rows], marker="o", color=c)
+        for r in rows:  # timed only beside other runs: ringed, and said below the panels
+            if not r.trusted:
+                values = (r.batch_ms, r.samples_per_s, r.speedup, r.efficiency)
+                for a, v in zip(ax[0], values):
+                    a.plot(r.nproc, v, "o", ms=13, mfc="none", mec="firebrick", mew=2, zorder=5)
     p0 = nprocs[0]
     ax[0][2].plot(nprocs, [n / p0 for n in nprocs], "k--", lw=1, label="ideal")
     ax[0][3].axhline(1.0, color="k", ls="--", lw=1, label="ideal")
@@ -54,6 +59,10 @@ def scaling_figure(kind: str, fams: list[tuple[Family, list[Scaling]]], out: Pat
     ax[0][2].legend(loc="upper left", fontsize=7)
     name = "Weak scaling: rows per rank fixed" if kind == "weak" else "Strong scaling: the global batch fixed"
     fig.suptitle(name)
+    warned = [w for f, rows in fams for w in families.flags(f, rows)]
+    if warned:  # what the numbers cannot be trusted for, where the reader looks
+        text = "\n".join(dict.fromkeys(f"! {w}" for w in warned))
+        fig.text(0.01, -0.02, text, ha="left", va="top", fontsize=8, color="firebrick", wrap=True)
     return save(fig, out)
 
 

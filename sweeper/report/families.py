@@ -1,0 +1,203 @@
+"""Which points compare for scaling, and which of their timings to trust: pure, no I/O.
+
+- Scaling families, recognised from configs (never from names): points that differ only in
+  ``nproc`` (strong scaling) or only in ``nproc`` and ``batch_size`` with ``batch_size/nproc``
+  fixed (weak scaling). Keys that change no batch's work (lr, reg, seed, epochs, ...: TIMING_NEUTRAL)
+  do not split a family: its points at one nproc are repeats of one timing.
+- Batch-size studies: at least three points that differ only in batch_size.
+- Each nproc's time per batch is the median over its repeats timed with no other run beside them
+  (trainer/contention.py); where every repeat had company it is used, marked contended, and the
+  family's flags say so. An efficiency above 1 is flagged with its likely cause.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from sweeper.report.analysis import axes
+from trainer import metrics
+
+# Config keys that change no batch's work: points differing only in them time the same batches.
+TIMING_NEUTRAL = ("lr", "reg", "seed", "epochs", "data.shuffle", "model.init", "data.scale", "perf.", "check.", "save.")
+SUPERLINEAR = 1.05  # an efficiency above this is flagged: beyond what timing noise explains in a healthy study
+
+
+def neutral(key: str) -> bool:
+    return any(key.startswith(k) if k.endswith(".") else key == k for k in TIMING_NEUTRAL)
+
+
+@dataclass
+class Family:
+    """Points that differ only in how a batch is spread over ranks (and in keys that time alike)."""
+
+    kind: str  # "strong" (same global batch), "weak" (same rows per rank) or "batch" (a batch-size study)
+    fixed: dict[str, Any]  # what identifies the family: the other axes' values
+    members: list[int]  # indices into the configs, by increasing nproc (or batch size)
+    pooled: list[str] = field(default_factory=list)  # timing-neutral keys that vary among the members
+
+    @property
+    def label(self) -> str:
+        text = ", ".join(f"{k}={v}" for k, v in self.fixed.items()) or "all points"
+        return text + (f" (repeats over {', '.join(self.pooled)})" if self.pooled else "")
+
+
+def _groups(configs: Sequence[dict[str, Any]], keys: list[str]) -> list[list[int]]:
+    groups: dict[tuple, list[int]] = {}
+    for i, c in enumerate(configs):
+        groups.setdefault(tuple(repr(c.get(k)) for k in keys), []).append(i)
+    return list(groups.values())
+
+
+def families(configs: Sequence[dict[str, Any]], order: Sequence[str] = ()) -> list[Family]:
+    """Strong and weak scaling families: at least two distinct nproc each."""
+    axis = axes(configs, order)
+    if "nproc" not in axis:
+        return []
+    rest = [k for k in axis if k not in ("nproc", "batch_size") and not neutral(k)]
+    found: list[Family] = []
+    for members in _groups(configs, rest):
+        fixed = {k: configs[members[0]].get(k) for k in rest}
+        for kind, key in (("strong", _batch), ("weak", _rows_per_rank)):
+            by_value: dict[Any, list[int]] = {}
+            for i in members:
+                by_value.setdefault(key(configs[i]), []).append(i)
+            for value, idx in sorted(by_value.items(), key=lambda kv: kv[0]):
+                nprocs = {configs[i]["nproc"] for i in idx}
+                batches = {configs[i].get("batch_size") for i in idx}
+                # A weak family needs the batch to grow with nproc; else it is a strong one.
+                if len(nprocs) < 2 or (kind == "weak" and len(batches) < 2):
+                    continue
+                label = {"batch_size": value} if kind == "strong" else {"rows per rank": value}
+                pooled = [k for k in axis if neutral(k) and len({repr(configs[i].get(k)) for i in idx}) > 1]
+                by_nproc = sorted(idx, key=lambda i: configs[i]["nproc"])
+                found.append(Family(kind, {**fixed, **label}, by_nproc, pooled))
+    return found
+
+
+def _batch(c: dict[str, Any]) -> Any:
+    return c.get("batch_size")
+
+
+def _rows_per_rank(c: dict[str, Any]) -> Any:
+    b, p = c.get("batch_size"), c.get("nproc", 1)
+    return b / p if isinstance(b, int) and b % p else (b // p if isinstance(b, int) else b)
+
+
+def batch_studies(configs: Sequence[dict[str, Any]], order: Sequence[str] = ()) -> list[Family]:
+    """Groups of at least three points that differ only in batch_size (one per nproc and other axes)."""
+    axis = axes(configs, order)
+    if "batch_size" not in axis:
+        return []
+    rest = [k for k in axis if k != "batch_size"]
+    out = []
+    for idx in _groups(configs, rest):
+        if len({configs[i]["batch_size"] for i in idx}) >= 3:
+            fixed = {k: configs[idx[0]].get(k) for k in rest}
+            out.append(Family("batch", fixed, sorted(idx, key=lambda i: configs[i]["batch_size"])))
+    return out
+
+
+@dataclass
+class Scaling:
+    """One nproc of a family; speedup and efficiency against the family's smallest nproc."""
+
+    nproc: int
+    batch_ms: float  # the median over the repeats used
+    batch_q1: float
+    batch_q3: float
+    samples_per_s: float
+    speedup: float
+    ideal: float
+    efficiency: float
+    phases: dict[str, float] = field(default_factory=dict)
+    repeats: list[float] = field(default_factory=list)  # ms per batch of each repeat used
+    members: list[int] = field(default_factory=list)  # the points (indices) at this nproc
+    contended: int = 0  # how many of them were timed beside other runs
+    trusted: bool = True  # the time comes from repeats with nothing beside them
+
+
+def scaling(kind: str, nprocs: Sequence[int], batch_ms: Sequence[float]) -> list[tuple]:
+    """(speedup, ideal, efficiency) per member. Strong: T0/Tp against p/p0. Weak (scaled speedup):
+    (p/p0) T0/Tp, efficiency T0/Tp, since each rank's work stays the same."""
+    p0, t0 = nprocs[0], batch_ms[0]
+    out = []
+    for p, t in zip(nprocs, batch_ms):
+        ideal = p / p0
+        speedup = t0 / t if kind == "strong" else ideal * t0 / t
+        out.append((speedup, ideal, speedup / ideal))
+    return out
+
+
+def point_batch_ms(p: Any) -> float:
+    """A point's ms per batch: the median of its timing repeats' medians when it has several
+    (``perf.repeats``; a short run's one median can be 2x off on a noisy machine), else its median."""
+    if len(p.batch_ms_repeats) > 1:
+        return statistics.median(p.batch_ms_repeats)
+    return p.metrics.get(metrics.phase_time("batch"), math.nan)
+
+
+def contended(p: Any) -> bool:
+    """Timed beside other runs of its host (a run recorded before this was measured: not known, not flagged)."""
+    return p.metrics.get(metrics.BESIDE, 0) > 0
+
+
+def family_rows(points: Sequence[Any], family: Family) -> list[Scaling]:
+    """The family's scaling figures, one row per nproc, from its points' own timings (by index)."""
+    by_nproc: dict[int, list[int]] = {}
+    for i in family.members:
+        by_nproc.setdefault(points[i].nproc, []).append(i)
+    rows = []
+    for nproc, idx in sorted(by_nproc.items()):
+        alone = [i for i in idx if not contended(points[i])]
+        used = [points[i] for i in alone or idx]
+        times = [point_batch_ms(p) for p in used]
+        t = statistics.median(times)
+        q1 = statistics.median(p.metrics.get(metrics.phase_quantile("batch", "q1"), t) for p in used)
+        q3 = statistics.median(p.metrics.get(metrics.phase_quantile("batch", "q3"), t) for p in used)
+        phases = {
+            ph: statistics.median(p.metrics.get(metrics.phase_time(ph), 0.0) for p in used)
+            for ph in metrics.PHASES
+            if ph != "batch"
+        }
+        # samples/s at the time chosen above: each run's global batch over it.
+        rate = [
+            p.metrics.get(metrics.SAMPLES_PER_S, math.nan) * p.metrics.get(metrics.phase_time("batch"), t) / t
+            for p in used
+        ]
+        repeats = times if len(used) > 1 else used[0].batch_ms_repeats
+        n_contended = len(idx) - len(alone)
+        rows.append(
+            Scaling(nproc, t, q1, q3, statistics.median(rate), 0, 0, 0, phases, repeats, idx, n_contended, bool(alone))
+        )
+    for r, (speedup, ideal, eff) in zip(
+        rows, scaling(family.kind, [r.nproc for r in rows], [r.batch_ms for r in rows])
+    ):
+        r.speedup, r.ideal, r.efficiency = speedup, ideal, eff
+    return rows
+
+
+def flags(family: Family, rows: Sequence[Scaling]) -> list[str]:
+    """What a reader must know before trusting the family's speedups, one sentence each."""
+    out = []
+    for r in rows:
+        if not r.trusted:
+            out.append(
+                f"nproc={r.nproc} was timed only beside other runs on its host: its speedup is not to be trusted "
+                "(run the study with perf.timing=exclusive)"
+            )
+    base = rows[0]
+    for r in rows[1:]:
+        if r.efficiency <= SUPERLINEAR:
+            continue
+        if not base.trusted:
+            why = f"its baseline nproc={base.nproc} was slowed by other runs beside it"
+        elif r.batch_q1 <= base.batch_ms * (base.nproc / r.nproc if family.kind == "strong" else 1) <= r.batch_q3:
+            why = "within the timing noise (the ideal time lies between its batches' quartiles)"
+        else:
+            why = "superlinear: each rank's share of the batch may fit a faster cache than the whole did"
+        out.append(f"efficiency {r.efficiency:.0%} at nproc={r.nproc} is above 1: {why}")
+    return out

@@ -1,0 +1,89 @@
+"""The study's findings in words, computed from its numbers: what a reader should take away before
+any figure. Pure: points and scaling rows in, sentences out (the report and the parent's summary
+open with them).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from sweeper.report import families as fam_mod
+from sweeper.report.plotting import fmt
+from trainer import metrics
+
+SAME_RESULT = 0.005  # precision differences below half a percentage point: nproc did not change the result
+
+
+def timing_study(points: Sequence[Any]) -> bool:
+    """A study whose points were all timed alone (perf.timing=exclusive): it is about speed, and its
+    precision (the scaling preset's one epoch at lr=1e-4) is not a result to headline."""
+    return bool(points) and all(p.tags.get(metrics.TAG_TIMING) == "exclusive" for p in points)
+
+
+def _name(p: Any, axis: Sequence[str], nproc: bool = False) -> str:
+    """The point by the axes that set it apart (nproc left out where the result does not depend on it)."""
+    shown = [k for k in axis if nproc or k != "nproc"] or list(axis)
+    return ", ".join(f"{k}={fmt(p.get(k))}" for k in shown) or p.name
+
+
+def findings(points: Sequence[Any], axis: Sequence[str], best: Any | None, fams: Sequence[tuple]) -> list[str]:
+    """Sentences: the best point, what diverged or failed, whether nproc changed the result, the scaling
+    verdict. ``points`` in the report's order: ``fams`` index its finished ones."""
+    finished = [p for p in points if p.status == "FINISHED"]
+    out = []
+    failed = [p for p in points if p.status != "FINISHED"]
+    if best is not None and not timing_study(finished):
+        loss = f", final loss {best.loss_epoch[-1][1]:.4f}" if best.loss_epoch else ""
+        out.append(
+            f"Best: {_name(best, axis)} reaches test precision {best.metrics[metrics.TEST_PRECISION]:.4f}{loss} "
+            f"(of {len(finished)} finished point(s); diverged points never count)."
+        )
+    bad = [p for p in finished if p.diverged]
+    if bad:
+        names = "; ".join(f"{_name(p, axis, nproc=True)} ({p.diverged.why} at step {p.diverged.step})" for p in bad)
+        out.append(f"Diverged: {names}.")
+    elif finished:
+        out.append("No point diverged.")
+    if failed:
+        out.append(f"Failed or stopped: {', '.join(f'{p.name} ({p.status})' for p in failed)}.")
+    out += _nproc_effect(finished, fams)
+    out += _scaling_verdict(fams)
+    return out
+
+
+def _nproc_effect(points: Sequence[Any], fams: Sequence[tuple]) -> list[str]:
+    """Data-parallel SGD computes the same steps on any nproc: its precision should not move."""
+    spreads = []
+    for fam, _rows in fams:
+        if fam.kind != "strong":
+            continue
+        by_rest: dict[tuple, list[float]] = {}
+        for i in fam.members:
+            p = points[i]
+            v = p.metrics.get(metrics.TEST_PRECISION)
+            if v is not None and math.isfinite(v) and not p.diverged:  # chaos, not nproc, sets a diverged run's
+                key = tuple(sorted((k, repr(x)) for k, x in p.config.items() if k != "nproc"))
+                by_rest.setdefault(key, []).append(v)
+        spreads += [max(vs) - min(vs) for vs in by_rest.values() if len(vs) > 1]
+    if not spreads:
+        return []
+    worst = max(spreads)
+    if worst < SAME_RESULT:
+        return [f"nproc did not change the result: precision within {worst:.4f} across nproc (the same SGD steps)."]
+    return [f"nproc changed the precision by up to {worst:.4f} between points that differ only in nproc."]
+
+
+def _scaling_verdict(fams: Sequence[tuple]) -> list[str]:
+    out = []
+    for fam, rows in fams:
+        last = rows[-1]
+        what = "speedup" if fam.kind == "strong" else "scaled speedup"
+        text = (
+            f"{fam.kind.capitalize()} scaling, {fam.label}: {what} {last.speedup:.2f}x at nproc={last.nproc} "
+            f"({last.efficiency:.0%} efficiency against nproc={rows[0].nproc})"
+        )
+        warnings = fam_mod.flags(fam, rows)
+        out.append(text + (": " + "; ".join(warnings) if warnings else "") + ".")
+    return out
