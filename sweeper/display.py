@@ -12,6 +12,7 @@ from rich.live import Live
 from rich.table import Table
 
 from trainer import metrics
+from trainer.console import mlflow_ui_command
 
 # Off a terminal (CI logs, files) rich would wrap at 80 columns: give tables room, and leave a
 # message's line whole (a long folder would break it, and grep with it).
@@ -70,44 +71,65 @@ class Outcome:
     job: str = ""  # the scheduler's job and its last word on it: "1234_0 COMPLETED 00:00:12"
 
 
-def summary(outcomes: list[Outcome]) -> None:
-    table = Table(title="sweep summary")
-    jobs = any(o.job for o in outcomes)
-    for col in ("point", "status", "final loss", "precision", "max weight err", "epoch s", "run id", "job"):
-        if col != "job" or jobs:
-            table.add_column(col, overflow="fold")
+def summary(outcomes: list[Outcome], report: Any = None) -> None:
+    """The closing table; with the sweep's report, each point's samples/s and speedup in its scaling
+    family, a diverged marker and the study's best point highlighted."""
+    rows = {r["point"]: r for r in report.rows} if report is not None else {}
+    best = report.best.name if report is not None and report.best is not None else None
+    table = Table(title="sweep summary" + (" (best in bold)" if best else ""))
+    jobs, contended = any(o.job for o in outcomes), False
+    columns = ["point", "status", "final loss", "precision", "max weight err", "samples/s", "speedup", "run id"]
+    for col in columns + (["job"] if jobs else []):
+        table.add_column(col, overflow="fold")
     for o in outcomes:
         m = o.run.data.metrics if o.run is not None else {}
+        row = rows.get(o.name, {})
 
         def fmt(key: str, spec: str, m: dict = m) -> str:
             return format(m[key], spec) if key in m else "-"
 
         colour = {"FINISHED": "green", "SKIPPED": "cyan"}.get(o.status, "red")
-        table.add_row(
+        status = f"[{colour}]{o.status}[/{colour}]" + (" [red]diverged[/red]" if row.get("diverged") else "")
+        speedup = row.get("strong_speedup") or row.get("weak_speedup") or ""
+        beside = bool(speedup) and row.get("runs_beside") not in ("", 0, 0.0)
+        contended |= beside
+        speedup = f"{float(speedup):.2f}x" + (" [red]![/red]" if beside else "") if speedup else "-"
+        cells = [
             o.name,
-            f"[{colour}]{o.status}[/{colour}]",
+            status,
             fmt(metrics.TRAIN_LOSS_EPOCH, ".4f"),
             fmt(metrics.TEST_PRECISION, ".4f"),
             fmt(metrics.weight_error("max"), ".2e"),
-            fmt(metrics.EPOCH_TIME, ".3f"),
+            fmt(metrics.SAMPLES_PER_S, ",.0f"),
+            speedup,
             o.run.info.run_id if o.run is not None else "-",
             *([o.job or "-"] if jobs else []),
-        )
+        ]
+        table.add_row(*cells, style="bold" if o.name == best else None)
     console.print(table)
+    if contended:
+        console.print("[red]![/red] timed beside other runs on its host: see the report's findings")
     for o in outcomes:
         if o.error or (o.status not in ("FINISHED", "SKIPPED") and o.log):
             why = "\n  ".join(o.error.strip().splitlines())
             console.print(f"[red]{o.name}[/red] {o.status}: {why}" + (f"\n  log: {o.log}" if o.log else ""))
 
 
-def mlflow_ui_command(uri: str) -> str:
-    """How to open the tracking store in MLflow's UI (a server's URI is already one)."""
-    if uri.startswith(("http://", "https://")):
-        return f"open {uri}"
-    return f"mlflow ui --backend-store-uri {uri}"
+def closing(report: Any, uri: str, experiment_id: str, parent_id: str) -> None:
+    """The findings, the report as a link a terminal opens, and the way into MLflow's UI."""
+    if report is not None:
+        for sentence in report.findings:
+            console.print(f"- {sentence}")
+        page = (report.folder / "report.html").resolve()
+        console.print(f"report ({report.seconds:.1f} s): {page}  [link={page.as_uri()}]{page.as_uri()}[/link]")
+    console.print(f"MLflow: {mlflow_ui_command(uri)}, then open the experiment's runs")
+    console.print(f"  {mlflow_url(uri, experiment_id)}")
+    console.print(f"  this sweep: {mlflow_url(uri, experiment_id, parent_id)}")
 
 
-def mlflow_run_url(uri: str, experiment_id: str, run_id: str) -> str:
-    """The run's page. MLflow 3's UI opens on its GenAI views unless told the workflow."""
+def mlflow_url(uri: str, experiment_id: str, run_id: str | None = None) -> str:
+    """The experiment's runs table, or a run's page. MLflow 3's UI opens an experiment on its GenAI
+    views (whatever its kind tag says) unless the link names the workflow."""
     base = uri.rstrip("/") if uri.startswith(("http://", "https://")) else "http://127.0.0.1:5000"
-    return f"{base}/#/experiments/{experiment_id}/runs/{run_id}?workflowType=machine_learning"
+    page = f"runs/{run_id}" if run_id else "runs"
+    return f"{base}/#/experiments/{experiment_id}/{page}?workflowType=machine_learning"

@@ -11,6 +11,7 @@ import sys
 import traceback
 import uuid
 from pathlib import Path
+from typing import Any
 
 from omegaconf import DictConfig
 
@@ -19,7 +20,7 @@ from sweeper.collect import collect
 from sweeper.config import FLAGS, validate_sweep
 from sweeper.plan import plan
 from sweeper.point_files import prepare
-from sweeper.points import Point
+from sweeper.points import NOT_NAMES, Point
 from sweeper.records import SweepRecord, absolute_uri
 from sweeper.report import drawing
 from sweeper.runners.base import Runner, SchedulerAwayError, make_runner
@@ -77,12 +78,13 @@ def run_sweep(base: DictConfig, points: list[Point], sweep_dir: Path, overrides:
         watched = {p.name: j.run_id for p, j in earlier.values()}
         outcomes = collect(record, sweep_id, points, done_before, flight, watched)
         add_jobs(runner, outcomes)
-        display.summary(outcomes)
         ok = all(o.status in ("FINISHED", "SKIPPED") for o in outcomes)
         record.end_parent("KILLED" if flight.interrupted else "FINISHED" if ok else "FAILED")
     with phase("report"):
-        write_report(record, sweep_dir)
+        report = write_report(record, sweep_dir)
         drawing.stop()
+    display.summary(outcomes, report)  # with the report's speedups, diverged points and best
+    display.closing(report, record.uri, record.experiment_id, record.parent_id)
     timeline.write(sweep_dir)
     return 130 if flight.interrupted else 0 if ok else 1
 
@@ -221,11 +223,11 @@ def start_parent(
         metrics.TAG_RANKS_START: runner.ranks_start,
         **provenance.code_tags(),
     }
-    return record.start_parent(sweep_id, parent_name(points), overrides, planned, runner.scheduler, extra)
+    return record.start_parent(sweep_id, parent_name(points, overrides), overrides, planned, runner.scheduler, extra)
 
 
-def write_report(record: SweepRecord, sweep_dir: Path) -> None:
-    """The study report of what finished (also after Ctrl-C); a failure here fails no point."""
+def write_report(record: SweepRecord, sweep_dir: Path) -> Any:
+    """The study report of what finished (also after Ctrl-C), or None: a failure here fails no point."""
     from sweeper.report import report_for
 
     folder = sweep_dir / "report"
@@ -236,16 +238,23 @@ def write_report(record: SweepRecord, sweep_dir: Path) -> None:
         where = traceback.format_exc().strip().splitlines()[-3:]
         display.console.print("[red]report not written:[/red] " + " | ".join(w.strip() for w in where))
         display.console.print("  retry with: python -m sweeper.report latest")
-        return
-    display.console.print(f"report ({report.seconds:.1f} s): {folder / 'report.html'}")
-    display.console.print(f"MLflow: {display.mlflow_ui_command(record.uri)}, then")
-    display.console.print(f"  {display.mlflow_run_url(record.uri, record.experiment_id, record.parent_id)}")
+        return None
+    return report
 
 
-def parent_name(points: list[Point]) -> str:
-    """``sweep hidden x nproc``: what the sweep varies, as its points' names say."""
+def parent_name(points: list[Point], overrides: list[str]) -> str:
+    """``sweep hidden x nproc · epochs=3 · data mnist``: what the sweep varies, as its points' names
+    say, then what sets it apart from another sweep of the same axes: the command's fixed keys and
+    the data set."""
     keys = list(dict.fromkeys(part.split("=", 1)[0] for p in points for part in p.name.split(",") if "=" in part))
-    return "sweep " + " x ".join(keys) if len(points) > 1 and keys else f"sweep {points[0].name}"
+    parts = ["sweep " + " x ".join(keys) if len(points) > 1 and keys else f"sweep {points[0].name}"]
+    for o in overrides:
+        key, _, value = o.lstrip("+~").partition("=")
+        if value and key not in keys and not key.startswith(NOT_NAMES) and key != "data.dir":
+            parts.append(f"{key}={value}")
+    data = points[0].trainer.data.dir
+    parts.append(f"data {Path(data).name}" if data else "data embedded digits")
+    return " · ".join(parts)[:250]
 
 
 def command_line() -> str:

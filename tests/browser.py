@@ -120,3 +120,22 @@ def is_blank(png: Path, tol: float = 1.0) -> bool:
 
     with Image.open(png) as im:
         return max(ImageStat.Stat(im.convert("RGB")).stddev) <= tol
+
+
+def page_text(url: str, wait_for: str, timeout_s: float = 60.0) -> tuple[str, str]:
+    """Open `url` (a web app: it renders after load) in real headless Chromium, wait until `wait_for`
+    shows on the page; the URL it ended on and the page's text."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw, tempfile.TemporaryDirectory(prefix="chromium-profile-") as profile:
+        ctx = pw.chromium.launch_persistent_context(
+            profile, executable_path=chromium_path(), headless=True, args=CHROMIUM_ARGS, timeout=timeout_s * 1000
+        )
+        try:
+            page = ctx.pages[0] if ctx.pages else ctx.new_page()
+            page.set_default_timeout(timeout_s * 1000)
+            page.goto(url, wait_until="load")
+            page.get_by_text(wait_for).first.wait_for(state="visible")
+            return page.url, page.inner_text("body")
+        finally:
+            ctx.close()

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import csv
+import shlex
+import socket
 import statistics
 import subprocess
 import sys
+import time
+import urllib.request
 from pathlib import Path
 
 import pytest
 
-from tests.browser import is_blank, render
+from tests.browser import is_blank, page_text, render
 from tests.test_sweeper import children_of, parents, sweep
 from trainer import metrics, tracking
 
@@ -106,7 +110,10 @@ def test_report_is_attached_to_the_parent_run(study_sweep):
     client = tracking.client(uri)
     attached = {Path(a.path).name for a in client.list_artifacts(parent.info.run_id, "report")}
     assert {"report.html", "points.csv", "summary.md", "convergence.png", "roofline.png"} <= attached
-    assert parent.info.run_name == "sweep nproc x batch_size x lr"
+    assert parent.info.run_name == (  # what it varies, then what sets it apart from another such sweep
+        "sweep nproc x batch_size x lr · epochs=2 · data.n_train=200 · data.n_test=50 · hidden=16"
+        " · data embedded digits"
+    )
     note = parent.data.tags["mlflow.note.content"]
     assert "| point | status |" in note
     for name in children_of(uri, parent.info.run_id):
@@ -132,6 +139,38 @@ def test_html_report_renders_in_a_real_browser(study_sweep, tmp_path):
     assert seen["images"] >= 7 and seen["loaded"] == seen["images"], seen["broken"]
     assert seen["external"] == []  # self-contained
     assert not is_blank(tmp_path / "report.png")
+
+
+@pytest.mark.browser
+def test_the_printed_mlflow_lines_open_the_sweeps_runs_in_a_real_browser(study_sweep, tmp_path):
+    """The closing lines' command starts MLflow's UI without the venv on PATH; its experiment link
+    lands on the runs table (MLflow 3 would open GenAI views), the parent sweep listed by its name."""
+    _tmp, uri, result = study_sweep
+    lines = result.stdout.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("MLflow: "))
+    command = lines[at].removeprefix("MLflow: ").split(", then")[0]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}  # no venv: the line must work as printed
+    ui = subprocess.Popen([*shlex.split(command), "--port", str(port)], env=env, cwd=tmp_path, stderr=subprocess.PIPE)
+    try:
+        url = lines[at + 1].strip().replace("127.0.0.1:5000", f"127.0.0.1:{port}")
+        deadline = time.time() + 90
+        while time.time() < deadline:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
+                break
+            except OSError:
+                assert ui.poll() is None, ui.stderr.read()
+                time.sleep(0.5)
+        (parent,) = parents(uri)
+        landed, text = page_text(url, parent.info.run_name[:30])
+        assert "/runs" in landed and "workflowType=machine_learning" in landed
+        assert "Run Name" in text and "Traces" not in text.split("Run Name")[1][:200]
+    finally:
+        ui.terminate()
+        ui.wait(timeout=30)
 
 
 def test_rebuild_after_a_resumed_sweep_gives_the_same_report(tmp_path, mlflow_uri):

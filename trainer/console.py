@@ -34,7 +34,18 @@ def summary(run_id: str, uri: str, rows: dict[str, str]) -> None:
     for key, value in rows.items():
         table.add_row(key, value)
     _console().print(table)
-    _console().print(f"see it with: mlflow ui --backend-store-uri {uri}")
+    _console().print(f"see it with: {mlflow_ui_command(uri)}")
+
+
+def mlflow_ui_command(uri: str) -> str:
+    """How to open the store in MLflow's UI, whether or not this environment's bin is on PATH (a
+    server's URI is one already)."""
+    if uri.startswith(("http://", "https://")):
+        return f"open {uri}"
+    import shlex
+    import sys
+
+    return f"{shlex.quote(sys.executable)} -m mlflow ui --backend-store-uri {shlex.quote(uri)}"
 
 
 def check_line(steps: int, error: float) -> None:
