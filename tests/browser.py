@@ -43,6 +43,8 @@ _INSPECT = """() => {
     broken: imgs.filter(i => !ok(i)).map(i => i.getAttribute('src') || i.currentSrc || ''),
     title: document.title,
     text_len: (document.body ? document.body.innerText : '').trim().length,
+    // where a report's findings end, in pixels from the top of the first screen (null: none)
+    findings_bottom: (f => f ? f.getBoundingClientRect().bottom : null)(document.querySelector('.findings')),
   };
 }"""
 
@@ -72,10 +74,10 @@ def _short(src: str, keep: int = 64) -> str:
 
 def render(html: Path, png: Path, width: int = 1280, height: int = 800, timeout_s: float = 30.0) -> dict:
     """Open `html` in real headless Chromium, wait until it and its images have loaded, save a full-page
-    screenshot to `png`. Returns {"images", "loaded", "broken", "title", "text_len", "external"}: `loaded`
-    counts <img> with `complete && naturalWidth > 0` evaluated in the page, `broken` lists the others' src
-    (data: URIs shortened), `external` every URL the page requested other than file: and data: ones
-    (a self-contained report requests none)."""
+    screenshot to `png`. Returns {"images", "loaded", "broken", "title", "text_len", "findings_bottom",
+    "external"}: `loaded` counts <img> with `complete && naturalWidth > 0` evaluated in the page, `broken`
+    lists the others' src (data: URIs shortened), `external` every URL the page requested other than file:
+    and data: ones (a self-contained report requests none)."""
     from playwright.sync_api import sync_playwright
 
     exe = chromium_path()

@@ -80,7 +80,7 @@ def test_a_run_records_what_ran_beside_its_timed_batches(idx_dir, mlflow_uri, tm
     result = trainer([*COMMON, f"data.dir={idx_dir}", "mlflow.run_name=mine"], tmp_path)
     assert result.returncode == 0, result.stderr
     _client, run = only_run(mlflow_uri)
-    assert run.data.metrics[metrics.BESIDE] == 1 and run.data.tags[metrics.TAG_TIMING] == "shared"
+    assert run.data.metrics[metrics.BESIDE] == 1 and run.data.tags[metrics.TAG_TIMING_POLICY] == "shared"
     assert run.data.tags[metrics.TAG_BESIDE] == "other point (1 rank(s) on cpu)"
     assert ended(beside)["beside"] == ["mine (1 rank(s) on cpu)"]
 
@@ -102,5 +102,5 @@ def test_an_exclusive_run_waits_for_the_host_and_times_alone(idx_dir, mlflow_uri
     assert run_proc.returncode == 0, out
     _client, run = only_run(mlflow_uri)
     assert run.data.metrics[metrics.BESIDE] == 0 and metrics.TAG_BESIDE not in run.data.tags
-    assert run.data.tags[metrics.TAG_TIMING] == "exclusive" and other["beside"] == []
+    assert run.data.tags[metrics.TAG_TIMING_POLICY] == "exclusive" and other["beside"] == []
     assert run.data.metrics[metrics.HOST_WAIT_S] > 1

@@ -138,6 +138,7 @@ def test_html_report_renders_in_a_real_browser(study_sweep, tmp_path):
     seen = render(html, tmp_path / "report.png")
     assert seen["images"] >= 7 and seen["loaded"] == seen["images"], seen["broken"]
     assert seen["external"] == []  # self-contained
+    assert seen["findings_bottom"] is not None and seen["findings_bottom"] <= 800  # on the first screen
     assert not is_blank(tmp_path / "report.png")
 
 

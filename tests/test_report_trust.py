@@ -41,7 +41,7 @@ def record_study(uri: str) -> None:
         batch = [Metric(k, v, 0, 0) for k, v in values.items()]
         batch += [Metric(metrics.TRAIN_LOSS, v, 0, s) for s, v in enumerate(loss)]
         batch += [Metric(metrics.TRAIN_LOSS_EPOCH, loss[-1], 0, 1), Metric(metrics.TEST_PRECISION, precision, 0, 1)]
-        timing = [RunTag(metrics.TAG_TIMING, "shared")] + ([RunTag(metrics.TAG_BESIDE, "another point")] * beside)
+        timing = [RunTag(metrics.TAG_TIMING_POLICY, "shared")] + ([RunTag(metrics.TAG_BESIDE, "another point")] * beside)
         client.log_batch(kid, metrics=batch, params=[Param(k, str(v)) for k, v in params.items()], tags=timing)
         client.set_terminated(kid, "FINISHED")
     client.set_terminated(parent, "FINISHED")

@@ -74,7 +74,7 @@ TIME_TO_FIRST_BATCH = "time/to_first_batch_s"
 BESIDE = "timing/beside"
 TAG_BESIDE = "sweepscale.beside"
 HOST_WAIT_S = "timing/host_wait_s"
-TAG_TIMING = "sweepscale.timing"
+TAG_TIMING_POLICY = "sweepscale.timing_policy"
 
 
 def phase_time(phase: str) -> str:

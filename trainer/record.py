@@ -191,7 +191,7 @@ def record_beside(recorder: tracking.Recorder, span: TimedSpan) -> None:
     """What else ran while the batches were timed: the report trusts timings with nothing beside."""
     recorder.metric(metrics.BESIDE, len(span.beside))
     recorder.metric(metrics.HOST_WAIT_S, span.waited_s)
-    tags = {metrics.TAG_TIMING: "exclusive" if span.exclusive else "shared"}
+    tags = {metrics.TAG_TIMING_POLICY: "exclusive" if span.exclusive else "shared"}
     if span.beside:
         tags[metrics.TAG_BESIDE] = ", ".join(span.beside)[:5000]
     recorder.set_tags(tags)

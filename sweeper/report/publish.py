@@ -149,7 +149,7 @@ def csv_rows(points: list[Point], axis: list[str], fams: list, finished: list[Po
                 "training_s": sum(v for _e, v in p.epoch_s) if p.epoch_s else "",
                 "in_run_s": in_run_s(p) if p.end_ms is not None else "",
                 "to_first_batch_s": m.get(metrics.TIME_TO_FIRST_BATCH, ""),
-                "timing": p.tags.get(metrics.TAG_TIMING, ""),
+                "timing": p.tags.get(metrics.TAG_TIMING_POLICY, ""),
                 "runs_beside": m.get(metrics.BESIDE, ""),
                 "beside": p.tags.get(metrics.TAG_BESIDE, ""),
                 "warm": p.tags.get(metrics.TAG_WARM, ""),

@@ -1,0 +1,46 @@
+"""``python -m sweeper.status`` against a sweep in progress: real ranks, a real store."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+from sweeper.status import status_rows
+from tests.test_sweeper import parents
+from trainer import tracking
+
+pytestmark = pytest.mark.mpi
+
+
+def test_status_shows_a_running_sweeps_points_from_another_terminal(idx_dir, mlflow_uri, tmp_path):
+    # One core for the sweep: its two points train one after the other, long enough to be seen.
+    args = ["hidden=16,32", "epochs=150", "batch_size=10", "data.n_train=60", f"data.dir={idx_dir}"]
+    cmd = [sys.executable, "-m", "sweeper", "-m", *args, "device=cpu", "launcher.cpus=1", "check.reference=false"]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        seen = None
+        deadline = time.time() + 180
+        while time.time() < deadline and proc.poll() is None:
+            found = parents(mlflow_uri)
+            if found:
+                rows = {p: (s, d) for p, s, d in status_rows(tracking.client(mlflow_uri), found[0])}
+                if any(s == "running" and d.startswith("epoch ") for s, d in rows.values()):
+                    seen = rows
+                    break
+            time.sleep(0.3)
+        assert seen is not None, proc.stdout.read() if proc.poll() is not None else "no point seen running"
+        (state, detail), other = seen["hidden=16"], seen["hidden=32"]
+        assert state == "running" and " of 150, " in detail and "ETA" in detail
+        assert other == ("queued", "")  # one core: it waits for the first
+    finally:
+        out, _ = proc.communicate(timeout=240)
+    assert proc.returncode == 0, out
+    result = subprocess.run(
+        [sys.executable, "-m", "sweeper.status", "latest"], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    assert "finished 2  of 2" in result.stdout and "(FINISHED)" in result.stdout
+    assert result.stdout.count("loss ") == 2
