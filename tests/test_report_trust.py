@@ -41,7 +41,9 @@ def record_study(uri: str) -> None:
         batch = [Metric(k, v, 0, 0) for k, v in values.items()]
         batch += [Metric(metrics.TRAIN_LOSS, v, 0, s) for s, v in enumerate(loss)]
         batch += [Metric(metrics.TRAIN_LOSS_EPOCH, loss[-1], 0, 1), Metric(metrics.TEST_PRECISION, precision, 0, 1)]
-        timing = [RunTag(metrics.TAG_TIMING_POLICY, "shared")] + ([RunTag(metrics.TAG_BESIDE, "another point")] * beside)
+        timing = [RunTag(metrics.TAG_TIMING_POLICY, "shared")] + (
+            [RunTag(metrics.TAG_BESIDE, "another point")] * beside
+        )
         client.log_batch(kid, metrics=batch, params=[Param(k, str(v)) for k, v in params.items()], tags=timing)
         client.set_terminated(kid, "FINISHED")
     client.set_terminated(parent, "FINISHED")
@@ -71,6 +73,10 @@ def test_a_recorded_study_reports_speedups_it_can_trust(tmp_path):
     assert "Strong scaling, batch_size=64 (repeats over lr): speedup 1.67x at nproc=2 (83% efficiency" in summary
     html = (tmp_path / "r" / "report.html").read_text()
     assert html.index("Findings") < html.index("<h2>Figures</h2>") < html.index('id="points"')
+    # Figures with nothing to show are left out, each with its reason in a line.
+    assert "<b>Roofline</b>: no point recorded its FLOP/s" in html
+    assert "<b>Weight error against the CPU reference</b>: no point has its CPU check yet" in html
+    assert not (tmp_path / "r" / "roofline.png").exists() and (tmp_path / "r" / "scaling_strong.png").exists()
 
 
 def test_a_study_with_only_contended_baselines_says_so(tmp_path):

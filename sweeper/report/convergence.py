@@ -162,17 +162,24 @@ def _against(a: Any, points: list[Point], key: str | None, values: list, what: s
         a.bar([p.name for p in points], [v or 0 for v in values])
         a.set_title(what)
         return
-    lines: dict[str, list[tuple[Any, float]]] = {}
+    # One colour per value of the first other key and one line style per value of the second,
+    # the same in every panel of the figure (the palette is of every point's value, not the panel's).
+    others = [k for k in convergence_axes(sorted({k for p in points for k in p.config})) if k not in (key, "nproc")]
+    others = [k for k in others if _varies(points, k)]
+    colour_key, style_key = [*others, None, None][:2]
+    colours = palette([p.get(colour_key) for p in points]) if colour_key else {}
+    styles = {fmt(v): STYLES[i % len(STYLES)] for i, v in enumerate(dict.fromkeys(p.get(style_key) for p in points))}
+    lines: dict[tuple, list[tuple[Any, float]]] = {}
     for p, v in zip(points, values):
         if v is not None and math.isfinite(v):
-            others = ", ".join(
-                f"{k}={fmt(x)}" for k, x in sorted(p.config.items()) if k not in (key, "nproc") and _varies(points, k)
-            )
-            lines.setdefault(others, []).append((p.get(key), v))
-    for others, xy in lines.items():
+            lines.setdefault(tuple(fmt(p.get(k)) for k in others), []).append((p.get(key), v))
+    for combo, xy in lines.items():
         xy.sort(key=lambda t: t[0])
         xs, ys = zip(*xy)
-        a.plot(xs, ys, marker="o", ms=4, label=others or None)
+        colour = colours.get(combo[0]) if colour_key else None
+        style = styles.get(combo[1], "-") if style_key else "-"
+        label = ", ".join(f"{k}={v}" for k, v in zip(others, combo)) or None
+        a.plot(xs, ys, marker="o", ms=4, color=colour, ls=style, label=label)
     bad = [(p.get(key), v) for p, v in zip(points, values) if p.diverged and v is not None and math.isfinite(v)]
     if bad:  # "too large": still drawn, marked
         a.plot(*zip(*bad), "x", color="firebrick", ms=9, mew=2, zorder=4, label="diverged")
@@ -200,12 +207,15 @@ def _varies(points: list[Point], key: str) -> bool:
     return len({repr(p.get(key)) for p in points}) > 1
 
 
-def weight_error(points: list[Point], axis: list[str], out: Path) -> Path | None:
-    """CPU-vs-GPU (or ranks-vs-sequential) weight error against lr and epochs, on a log axis."""
+def weight_error(points: list[Point], axis: list[str], out: Path) -> Path | str:
+    """CPU-vs-GPU (or ranks-vs-sequential) weight error against lr and epochs, on a log axis; or why
+    there is nothing to draw."""
     key = metrics.weight_error("max")
     checked = [p for p in points if key in p.metrics]
     if not checked:
-        return None
+        return "no point has its CPU check yet (check.reference=false, or the checks are pending)"
+    if not any(p.metrics[key] > 0 for p in checked):  # a log axis of zeros says nothing
+        return "the weight error is 0 at every point: each run equals its CPU reference bit for bit"
     against = [k for k in ("lr", "epochs") if k in axis] or axis[:1] or ["hidden"]
     fig, ax = grid(1, len(against))
     for a, k in zip(ax[0], against):

@@ -32,6 +32,7 @@ def write(path: Path, study: Any, report: Any, axis: list[str], scaling_rows: li
         sweep=study.sweeps[0],
         best=report.best,
         findings=report.findings,
+        left_out=report.left_out,
         figures=figures,
         columns=columns,
         rows=[[_cell(r.get(c)) for c in columns] for r in report.rows],

@@ -31,6 +31,7 @@ class Report:
     rows: list[dict[str, Any]] = field(default_factory=list)  # the CSV's rows
     summary: str = ""  # Markdown
     findings: list[str] = field(default_factory=list)  # the study's take-aways, in words
+    left_out: dict[str, str] = field(default_factory=dict)  # caption -> why that figure has nothing to show
     best: Point | None = None
     overhead: list[Overhead] = field(default_factory=list)  # one per sweep
     seconds: float = 0.0
@@ -85,9 +86,11 @@ def build(study: Study, folder: Path) -> Report:
         made = future.result()
         if caption.startswith("Batch size"):
             made, regimes = made
-        elif caption == "Roofline" and made:
+        elif caption == "Roofline" and isinstance(made, tuple):
             made = made[0]
-        if made:
+        if isinstance(made, str):  # nothing worth a figure: the reason, in a line
+            report.left_out[caption] = made
+        elif made:
             report.figures[caption] = made
     report.rows = csv_rows(points, every_axis, fams, finished)
     write_csv(report.rows, folder / "points.csv")

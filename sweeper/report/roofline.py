@@ -85,13 +85,16 @@ def rates(points: list[Point], measured: list[Measured]) -> Rates:
     )
 
 
-def roofline_figure(points: list[Point], out: Path) -> tuple[Path, Rates] | None:
+def roofline_figure(points: list[Point], out: Path) -> tuple[Path, Rates] | str:
+    """The roofline of the points' measured rates, or why there is none to draw."""
     measured = [x for x in (measure(p) for p in points) if x is not None]
     if not measured:
-        return None
+        return "no point recorded its FLOP/s (a run on the CPU, or before its first timed batch)"
     r = rates(points, measured)
     finite = [x.ai for x in measured if math.isfinite(x.ai)]
     bw = r.bandwidth
+    if not bw:  # one rank, data on the device: a roof of compute alone says nothing about the points
+        return "no point moves bytes over PCIe or MPI (one rank, data on the device): no memory roof"
     ridge = r.p_flops / bw if bw else None
     lo = min([*finite, ridge or math.inf, 1.0]) / 10
     hi = max([*finite, ridge or 0, 10.0]) * 10

@@ -81,6 +81,9 @@ def phases_figure(fams: list[tuple[Family, list[Scaling]]], out: Path) -> Path:
             bottom = [b + v for b, v in zip(bottom, values)]
         a.set_xticks(at, [str(r.nproc) for r in rows])
         a.set(xlabel="nproc", ylabel="ms per batch (median)", title=f"{fam.kind}: {fam.label}")
+    top = max(sum(r.phases.values()) for _f, rows in fams for r in rows) * 1.08
+    for k in range(len(fams)):  # one scale for every panel: the families compare by eye
+        ax[k // cols][k % cols].set_ylim(0, top or 1)
     for k in range(len(fams), rows_n * cols):
         ax[k // cols][k % cols].axis("off")
     ax[0][0].legend(loc="upper left", fontsize=7)
