@@ -18,10 +18,12 @@ class Shape:
     nodes: int
     tasks_per_node: int
     gpus_per_task: int  # 1 on GPUs, 0 on CPUs
+    exclusive: bool = False  # Slurm: whole nodes (perf.timing=exclusive: no other job's batches beside)
 
     def describe(self) -> str:
         unit = "GPU" if self.gpus_per_task else "CPU rank"
-        return f"{self.nodes} node(s) x {self.tasks_per_node} task(s), 1 {unit} each"
+        alone = ", whole nodes" if self.exclusive else ""
+        return f"{self.nodes} node(s) x {self.tasks_per_node} task(s), 1 {unit} each{alone}"
 
 
 @dataclass

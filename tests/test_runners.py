@@ -116,3 +116,19 @@ def test_array_parallelism_caps_the_whole_sweep():
     assert share(4, [2, 6]) == [1, 3]  # in proportion
     assert share(3, [4, 4, 4]) == [1, 1, 1]
     assert share(2, [3, 3, 3]) == [1, 1, 1]  # each array runs: more arrays than the cap exceed it
+
+
+def test_exclusive_timing_asks_slurm_for_whole_nodes():
+    """perf.timing=exclusive: a point's job has its nodes alone (#SBATCH --exclusive), as submitit writes it."""
+    slurm = pytest.importorskip("submitit.slurm.slurm")
+    from sweeper.points import Shape
+    from sweeper.runners.base import make_runner
+
+    runner = make_runner(compose_sweep(GOLDEN_LAUNCHER).launcher, Path("/unused"), "sweepscale-golden")
+    shape = Shape(nodes=2, tasks_per_node=4, gpus_per_task=1, exclusive=True)
+    (text,) = [t for title, t in runner.preview({shape: [None]}).items() if title.startswith("job array")]
+    assert "#SBATCH --exclusive" in text.splitlines()
+    params = runner.parameters(shape, 1)
+    script = slurm._make_sbatch_string(command="x", folder="/sweeps/demo/.submitit/%j", map_count=1, **params)
+    assert "#SBATCH --exclusive" in script.splitlines()
+    assert "#SBATCH --exclusive" not in runner.preview({Shape(2, 4, 1): [None]}).popitem()[1]

@@ -61,6 +61,8 @@ def slurm_parameters(
         params["use_srun"] = False
     if shape.gpus_per_task:
         params["gpus_per_node"] = shape.tasks_per_node
+    if shape.exclusive:
+        params["exclusive"] = True  # #SBATCH --exclusive: the nodes' other jobs would share their timing
     for key in ("partition", "account", "qos", "mem", "constraint"):
         if launcher[key] is not None:
             params[key] = launcher[key]

@@ -122,7 +122,8 @@ class SlurmRunner:
                 f"point {point.name}: nproc={point.nproc} cannot be spread evenly over {nodes} nodes of {per_node} "
                 "ranks; use a multiple of the node count"
             )
-        return Shape(nodes, point.nproc // nodes, int(gpus > 0))
+        exclusive = point.trainer.perf.timing.value == "exclusive"  # timed alone: no other job on its nodes
+        return Shape(nodes, point.nproc // nodes, int(gpus > 0), exclusive)
 
     def check(self, points: list[Point]) -> None:
         """Choose how ranks start (the MPI and srun's plugins), ask the scheduler whether the partition
