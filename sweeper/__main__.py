@@ -13,7 +13,7 @@ from omegaconf import DictConfig
 
 from sweeper.config import FLAGS, register, reject_renamed
 from trainer.errors import ConfigError
-from trainer.old_keys import check_old_keys
+from trainer.override_checks import check_old_keys, check_repeated
 
 register()
 
@@ -27,8 +27,11 @@ def main(cfg: DictConfig) -> None:
 
 if __name__ == "__main__":
     sys.argv = [FLAGS.get(a, a) for a in sys.argv]
+    if any(a in ("-m", "--multirun") for a in sys.argv[1:]):  # anywhere: Hydra wants its flags before overrides
+        sys.argv = [sys.argv[0], "-m", *(a for a in sys.argv[1:] if a not in ("-m", "--multirun"))]
     try:  # old spellings stop here, before Hydra, naming the new key
         check_old_keys(sys.argv[1:])  # the trainer's moved keys (tf32=true -> gpu.gemm=tf32): its one call site here
+        check_repeated(sys.argv[1:])
         reject_renamed(sys.argv[1:])  # the launcher's renamed keys (launcher.time_min -> launcher.timeout_min)
     except ConfigError as e:
         print(f"Error: {e}", file=sys.stderr)

@@ -12,11 +12,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError
 
 from sweeper.points import Point, Shape
 from trainer.config import TrainerConfig, validate
 from trainer.errors import ConfigError
 from trainer.identity import config_hash
+from trainer.override_checks import unknown_key
 
 if TYPE_CHECKING:
     from sweeper.runners.base import Runner
@@ -43,7 +45,10 @@ def trainer_config(sweep_cfg: DictConfig) -> DictConfig:
     # Only the trainer's keys: resolving the hydra section too was half of this function's time.
     values = {k: _resolved(sweep_cfg, k) for k in sweep_cfg if k not in SWEEP_ONLY_KEYS}
     cfg = pickle.loads(_schema())
-    cfg.merge_with(values)  # what OmegaConf.merge does after copying its first argument (not read-only)
+    try:
+        cfg.merge_with(values)  # what OmegaConf.merge does after copying its first argument (not read-only)
+    except (ConfigKeyError, ConfigAttributeError) as e:  # +hiden=16: a key no trainer has
+        raise ConfigError(unknown_key(str(e.full_key), OmegaConf.structured(TrainerConfig))) from None
     # Jobs run in other folders and on other nodes: paths must hold from anywhere.
     cfg.check.cache_dir = str(Path(cfg.check.cache_dir).expanduser().resolve())
     if cfg.data.dir is not None:

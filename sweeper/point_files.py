@@ -6,7 +6,7 @@ Every job runs the trainer's own CLI on the config written here:
 
 from __future__ import annotations
 
-import pickle
+import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -15,7 +15,7 @@ from omegaconf import OmegaConf, open_dict
 from sweeper.point_job import POINT_CONFIG
 from sweeper.points import Point
 from trainer import metrics
-from trainer.worker import POINT_PICKLE
+from trainer.worker import POINT_DATA
 
 if TYPE_CHECKING:
     from sweeper.runners.base import Job
@@ -38,7 +38,7 @@ def prepare(point: Point, uri: str, experiment: str, parent_id: str, sweep_id: s
 
 
 def write_point_config(point: Point) -> Path:
-    """A primary Hydra config holding the point's resolved trainer config (and its pickle)."""
+    """A primary Hydra config holding the point's resolved trainer config (and its values as JSON)."""
     values = OmegaConf.to_container(point.trainer, resolve=True, enum_to_str=True)
     doc = {
         "defaults": ["trainer_schema", "_self_", {"override hydra/job_logging": "stdout"}],
@@ -48,8 +48,8 @@ def write_point_config(point: Point) -> Path:
     point.dir.mkdir(parents=True, exist_ok=True)
     path = point.dir / f"{POINT_CONFIG}.yaml"
     OmegaConf.save(OmegaConf.create(doc), path)
-    with open(point.dir / POINT_PICKLE, "wb") as f:  # the same config for a warm worker, fast to load
-        pickle.dump(point.trainer, f)
+    with open(point.dir / POINT_DATA, "w") as f:  # the same values for a warm worker, fast to load
+        json.dump(values, f)
     return path
 
 

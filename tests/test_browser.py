@@ -92,5 +92,13 @@ def test_blank_page_is_blank(tmp_path: Path) -> None:
     html.write_text("<!doctype html><html><body style='background: #fff'></body></html>")
     shot = tmp_path / "blank.png"
     info = render(html, shot, width=640)
-    assert info == {"images": 0, "loaded": 0, "broken": [], "title": "", "text_len": 0, "external": []}
+    assert info == {
+        "images": 0,
+        "loaded": 0,
+        "broken": [],
+        "title": "",
+        "text_len": 0,
+        "findings_bottom": None,
+        "external": [],
+    }
     assert is_blank(shot)

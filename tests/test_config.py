@@ -14,8 +14,8 @@ from trainer.data import pixel_levels
 from trainer.errors import ConfigError
 from trainer.gpu.policy import gemm_products, overlap_wanted, window_wanted
 from trainer.identity import config_hash
-from trainer.old_keys import check_old_keys
 from trainer.options import gemm_mode
+from trainer.override_checks import check_old_keys
 from trainer.run import schedule_of
 
 
@@ -333,3 +333,29 @@ def test_presets_read_the_data_from_paths(preset, monkeypatch):
     monkeypatch.setenv("SWEEPSCALE_MNIST", "/data/mnist")
     assert compose([f"+experiment={preset}"]).data.dir == "/data/mnist"
     assert compose([f"+experiment={preset}", "paths.mnist=/mine"]).data.dir == "/mine"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["+hiden=16"], "hiden is not a trainer key: it would change nothing; did you mean hidden?"),
+        (["+gpu.fast=1"], "gpu.fast is not a trainer key: it would change nothing; did you mean gpu.step?"),
+        (["hidden=16", "hidden=32"], "hidden is given twice (hidden=16, hidden=32); keep one"),
+    ],
+)
+def test_a_key_that_would_change_nothing_is_refused(args, message, tmp_path):
+    """`+key=value` with a key the schema lacks, or a key given twice (#33): refused before any rank."""
+    import subprocess
+    import sys
+
+    result = subprocess.run(
+        [sys.executable, "-m", "trainer", *args], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 2 and f"Error: {message}" in result.stderr, result.stderr
+    assert not (tmp_path / "mlflow.db").exists()
+
+
+def test_free_keys_under_a_dict_are_accepted():
+    cfg = compose(["+mlflow.tags.team=a"])
+    validate(cfg)
+    assert cfg.mlflow.tags.team == "a"

@@ -82,6 +82,15 @@ def test_dry_run_lists_points_and_resources_without_submitting(tmp_path, mlflow_
     assert not Path(mlflow_uri.removeprefix("sqlite:///")).exists()
 
 
+def test_a_flag_before_dash_m_is_taken_as_it_is_after(tmp_path, mlflow_uri):
+    """`python -m sweeper --dry-run -m ...` (#33): Hydra wants -m before its overrides; we put it there."""
+    cmd = [sys.executable, "-m", "sweeper", "--dry-run", "-m", "hidden=16,32", *FAST]
+    result = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "hidden=16" in result.stdout and "hidden=32" in result.stdout and "nothing submitted" in result.stdout
+    assert not Path(mlflow_uri.removeprefix("sqlite:///")).exists()
+
+
 def test_dry_run_on_slurm_shows_sbatch_lines(tmp_path, mlflow_uri):
     args = ["nproc=1,2", "hidden=8,16,24", "launcher=slurm", "launcher.ranks_per_node=2", "launcher.timeout_min=7"]
     result = sweep([*args, "launcher.warm=false", "launcher.array_parallelism=2", "--dry-run"], tmp_path)
@@ -126,6 +135,8 @@ def test_a_sweep_on_slurm_without_slurm_is_refused_before_anything_starts(tmp_pa
         (["nproc=1,2", "launcher=debug"], "launcher=debug runs in this process, so nproc must be 1"),
         (["data.dir=/nonexistent/mnist"], "data.dir=/nonexistent/mnist: no such folder"),
         (["check.cache_dir=/proc/sweepscale"], "check.cache_dir=/proc/sweepscale: cannot write there"),
+        (["+hiden=1,2"], "hiden is not a trainer key: it would change nothing; did you mean hidden?"),
+        (["hidden=16,32", "hidden=8"], "hidden is given twice (hidden=16,32, hidden=8); keep one"),
     ],
 )
 def test_bad_input_stops_before_anything_is_submitted(args, message, tmp_path, mlflow_uri):
@@ -134,6 +145,7 @@ def test_bad_input_stops_before_anything_is_submitted(args, message, tmp_path, m
     assert message in result.stderr
     assert not Path(mlflow_uri.removeprefix("sqlite:///")).exists()
     assert not list(tmp_path.glob("multirun/*/*/*/point.yaml"))
+    assert not list(tmp_path.glob("multirun/*/*"))  # no empty sweep folder left behind
 
 
 def test_local_sweep_failure_isolation_and_resume(tmp_path, mlflow_uri):

@@ -165,3 +165,30 @@ def test_two_trainers_on_a_new_sqlite_store_both_finish(idx_dir, mlflow_uri, tmp
     )
     assert sorted(r.data.params["seed"] for r in runs) == ["1", "2"]
     assert {r.info.status for r in runs} == {"FINISHED"}
+
+
+def test_a_crafted_journal_cannot_upload_files_outside_its_folder(mlflow_uri, tmp_path):
+    """`python -m sweeper.sync` sends only artifacts the journal copied beside itself (#33)."""
+    from trainer import journal
+
+    client = tracking.client(mlflow_uri)
+    run_id = client.create_run(tracking.ensure_experiment(client, mlflow_uri, "sweepscale")).info.run_id
+    point = tmp_path / "multirun" / "0"
+    j = journal.Journal(point, mlflow_uri, run_id)
+    kept = tmp_path / "weights.npz"
+    kept.write_bytes(b"weights")
+    j.keep_file(kept, "weights.npz")
+    secret = tmp_path / "secret.txt"
+    secret.write_text("not the run's")
+    for name in (str(secret), "../../secret.txt", "../journal.jsonl"):
+        j.append({"op": "artifact", "name": name})
+    (point / journal.FILES / "link.txt").symlink_to(secret)  # a link out of the folder, too
+    j.append({"op": "artifact", "name": "link.txt"})
+    j.append({"op": "end", "status": "FINISHED"})
+    result = subprocess.run(
+        [sys.executable, "-m", "sweeper.sync", str(tmp_path / "multirun")], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stderr.count("journal line refused: artifact") == 4
+    assert [a.path for a in client.list_artifacts(run_id)] == ["weights.npz"]
+    assert client.get_run(run_id).info.status == "FINISHED" and not (point / journal.FILE).exists()

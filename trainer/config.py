@@ -3,7 +3,7 @@
 The values live in ``conf/base/trainer.yaml``, ``conf/gpu/``, ``conf/paths/`` and the presets; the
 types live here, so Hydra itself rejects unknown keys (``Key 'hiden' not in 'TrainerConfig'``) and
 ill-typed values. Range checks that a type cannot express are in :func:`validate`, run before any
-rank starts or job is submitted; trainer/old_keys.py refuses the keys that moved.
+rank starts or job is submitted; trainer/override_checks.py refuses the keys that moved.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from omegaconf import MISSING, OmegaConf
 
 from trainer import limits
 from trainer.errors import ConfigError
+from trainer.override_checks import extra_keys, unknown_key
 
 
 class Device(str, Enum):
@@ -223,7 +224,11 @@ def register() -> None:
 
 
 def validate(cfg: TrainerConfig) -> None:
-    """Range checks Hydra's types cannot express. Raises ConfigError naming key and fix."""
+    """Range checks Hydra's types cannot express, and keys ``+key=value`` added that the schema does
+    not have (they would change nothing). Raises ConfigError naming key and fix."""
+    schema = OmegaConf.structured(TrainerConfig)
+    for key in extra_keys(cfg, schema):
+        raise ConfigError(unknown_key(key, schema))
     checks = [
         (
             cfg.hidden >= 1,

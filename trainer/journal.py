@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -98,7 +99,11 @@ def apply(client: Any, run_id: str, entry: dict[str, Any], files: Path) -> None:
     elif op == "text":
         client.log_text(run_id, entry["text"], entry["name"])
     elif op == "artifact":
-        client.log_artifact(run_id, str(files / entry["name"]))
+        path = (files / entry["name"]).resolve()
+        if path.parent != files.resolve():  # only what keep_file copied: a journal must not name other files
+            print(f"journal line refused: artifact {entry['name']!r} is not in {files}", file=sys.stderr)
+            return
+        client.log_artifact(run_id, str(path))
     elif op == "end":
         client.set_terminated(run_id, entry["status"])
     # "close": nothing to write, the journal is done

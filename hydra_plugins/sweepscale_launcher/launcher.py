@@ -6,6 +6,7 @@ each point, then hands all of them to sweeper.sweep.run_sweep, which groups them
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import sys
@@ -52,8 +53,12 @@ class SweepscaleLauncher(Launcher):
                     points.append(point)
             status = run_sweep(self.config, points, sweep_dir, list(self.config.hydra.overrides.task))
         except ConfigError as e:
+            release_folder(sweep_dir)  # refused before anything started: no empty sweep folder left
             print(f"Error: {e}", file=sys.stderr)
             sys.exit(2)
+        except BaseException:  # Hydra's own refusals (an unknown key, a value of the wrong type), Ctrl-C
+            release_folder(sweep_dir)
+            raise
         if status:
             sys.exit(status)
         return [
@@ -78,3 +83,14 @@ def claim_folder(base: Path) -> Path:
             continue
         return folder
     raise AssertionError("unreachable")
+
+
+def release_folder(folder: Path) -> None:
+    """Remove a claimed sweep folder that holds nothing but its claim and Hydra's multirun.yaml, and
+    its date folder if emptied."""
+    if folder.is_dir() and {p.name for p in folder.iterdir()} <= {OWNER_FILE, "multirun.yaml"}:
+        for name in (OWNER_FILE, "multirun.yaml"):
+            (folder / name).unlink(missing_ok=True)
+        folder.rmdir()
+        with contextlib.suppress(OSError):  # another sweep's folder is in it
+            folder.parent.rmdir()

@@ -8,6 +8,7 @@ it as hydra/sweeper=sweepscale, which conf/sweep.yaml selects.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 
@@ -16,7 +17,12 @@ class SweepscaleSweeper(BasicSweeper):
     def validate_batch_is_legal(self, batch: Sequence[Sequence[str]]) -> None:
         """The same early check, the same errors: every point composed, most by the fast path."""
         from hydra_plugins.sweepscale_launcher.compose import PointComposer
+        from hydra_plugins.sweepscale_launcher.launcher import release_folder
 
         composer = PointComposer(self.hydra_context.config_loader, self.config)
-        for overrides in batch:
-            composer.compose(list(overrides))
+        try:
+            for overrides in batch:
+                composer.compose(list(overrides))
+        except BaseException:  # refused (an unknown key, a value of the wrong type): the folder Hydra made goes
+            release_folder(Path(str(self.config.hydra.sweep.dir)))
+            raise

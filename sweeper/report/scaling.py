@@ -59,7 +59,7 @@ def scaling_figure(kind: str, fams: list[tuple[Family, list[Scaling]]], out: Pat
     ax[0][2].legend(loc="upper left", fontsize=7)
     name = "Weak scaling: rows per rank fixed" if kind == "weak" else "Strong scaling: the global batch fixed"
     fig.suptitle(name)
-    warned = [w for f, rows in fams for w in families.flags(f, rows)]
+    warned = [f"{f.label}: {w}" for f, rows in fams for w in families.flags(f, rows)]
     if warned:  # what the numbers cannot be trusted for, where the reader looks
         text = "\n".join(dict.fromkeys(f"! {w}" for w in warned))
         fig.text(0.01, -0.02, text, ha="left", va="top", fontsize=8, color="firebrick", wrap=True)
