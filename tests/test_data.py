@@ -251,3 +251,55 @@ def test_the_embedded_digits_are_checked_by_their_headers():
     data.check(None, 2000, 1000)
     with pytest.raises(ConfigError, match=r"data.n_train=2001 is larger than the 2000 samples in embedded:mnist-2000"):
         data.check(None, 2001, None)
+
+
+def _under_memory_limit(gib: float):
+    """For a child process: at most ``gib`` GiB of address space, as `ulimit -v` sets it."""
+    import resource
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (int(gib * 2**30), int(gib * 2**30)))
+
+    return limit
+
+
+def test_a_header_declaring_more_than_memory_holds_is_refused_before_inflating(tmp_path: Path):
+    """A small .gz declaring 600,000 images (470 MB): under a 3 GiB limit the run could not hold
+    them as float64 pixels; refused from the header, in a moment, nothing inflated (#33)."""
+    import subprocess
+    import sys
+    import time
+    import zlib
+
+    folder = write_idx_set(tmp_path / "set", n_train=5, n_test=5)
+    path = folder / "train-images-idx3-ubyte.gz"
+    header = idx.IMAGES_MAGIC.to_bytes(4, "big") + b"".join(d.to_bytes(4, "big") for d in (600_000, 28, 28))
+    packer = zlib.compressobj(9, zlib.DEFLATED, 31)
+    zeros = bytes(784 * 1000)  # the body in chunks: the test itself never holds 470 MB
+    chunks = [packer.compress(header)] + [packer.compress(zeros) for _ in range(600)] + [packer.flush()]
+    path.write_bytes(b"".join(chunks))
+    code = f"from trainer import data; data.load({str(folder)!r}, None, None, 'float32')"
+    t0 = time.perf_counter()
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, preexec_fn=_under_memory_limit(3)
+    )
+    assert done.returncode != 0 and time.perf_counter() - t0 < 30
+    assert "the header declares (600000, 28, 28), 470400000 bytes, more than an IDX file here may hold" in done.stderr
+
+
+def test_hidden_is_checked_against_the_memory_the_process_may_use(tmp_path: Path):
+    """hidden=1500000 under `ulimit -v` 4 GiB: refused before any rank, not a MemoryError mid-run (#33)."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "trainer", "hidden=1500000", "device=cpu"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        preexec_fn=_under_memory_limit(4),
+    )
+    assert done.returncode == 2, done.stderr
+    assert "Error: hidden=1500000: the weights and their copies would take" in done.stderr
+    assert "GiB of memory this process may use; lower hidden" in done.stderr and "Traceback" not in done.stderr

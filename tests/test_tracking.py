@@ -67,6 +67,7 @@ def test_a_run_that_could_not_be_created_is_an_error(tmp_path):
         ("sqlite:////proc/sweepscale/mlflow.db", r"cannot create the database in /proc/sweepscale"),
         ("sqlite:////proc/mlflow.db", r"cannot create the database in /proc \("),
         ("http://127.0.0.1:9", r"no tracking server answers at 127.0.0.1:9 .*start it"),
+        ("mssql://user@127.0.0.1/runs", r"the mssql driver is not installed here \(No module named 'pyodbc'\)"),
     ],
 )
 def test_tracking_uri_mistakes_are_named_in_a_moment(uri, message):
@@ -78,6 +79,35 @@ def test_tracking_uri_mistakes_are_named_in_a_moment(uri, message):
     with pytest.raises(ConfigError, match=message):
         uri_check.check_uri(uri)
     assert time.perf_counter() - t0 < uri_check.CONNECT_S + 1
+
+
+def test_a_web_server_that_is_not_mlflow_is_named_before_the_ranks_start(tmp_path):
+    """Something answers on the port, but not MLflow's REST API (#33): refused before any rank, in a moment."""
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    web = subprocess.Popen([sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"], cwd=tmp_path)
+    try:
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                time.sleep(0.2)
+        uri = f"http://127.0.0.1:{port}"
+        cmd = [sys.executable, "-m", "trainer", "nproc=2", f"mlflow.tracking_uri={uri}"]
+        done = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    finally:
+        web.terminate()
+        web.wait(timeout=30)
+    assert done.returncode == 2, done.stderr
+    said = f"Error: mlflow.tracking_uri={uri}: 127.0.0.1:{port} answers, but not as an MLflow tracking server"
+    assert said in done.stderr and "HTTP 404" in done.stderr and "Traceback" not in done.stderr
 
 
 def test_a_good_sqlite_uri_passes_and_creates_nothing(tmp_path):

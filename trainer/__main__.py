@@ -9,7 +9,7 @@ from omegaconf import DictConfig
 
 from trainer.config import register
 from trainer.errors import ConfigError
-from trainer.override_checks import check_old_keys, check_repeated
+from trainer.override_checks import check_old_keys, note_repeated
 from trainer.run import main as run_main
 
 register()
@@ -25,7 +25,7 @@ def main(cfg: DictConfig) -> None:
 if __name__ == "__main__":
     try:
         check_old_keys(sys.argv[1:])  # moved keys (tf32=true, step=fused, ...) fail before anything starts
-        check_repeated(sys.argv[1:])
+        note_repeated(sys.argv[1:])
     except ConfigError as e:
         print(f"Error: {e}", file=sys.stderr)
         sys.exit(2)

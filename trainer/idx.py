@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from trainer import limits
 from trainer.errors import ConfigError
 
 # IDX magic numbers: 0x00 0x00, type 0x08 (unsigned byte), number of dimensions.
@@ -29,12 +30,7 @@ def read_idx(path: Path, magic: int) -> np.ndarray:
     try:
         with opener(path, "rb") as f:
             dims, header = _idx_header(path, f.read(4), f, magic)
-            body = math.prod(dims)  # Python integers: no overflow, unlike a product in int64
-            if body > MAX_IDX_BYTES:
-                raise ConfigError(
-                    f"{path}: the header declares {dims}, {body} bytes, more than an IDX file here may "
-                    f"hold ({MAX_IDX_BYTES}); replace it with an intact IDX file"
-                )
+            body = _within_memory(path, dims)
             raw = f.read(body + 1)
     except (OSError, EOFError, zlib.error) as e:
         raise ConfigError(f"{path}: cannot be read ({e}); replace it with an intact IDX file") from e
@@ -45,6 +41,20 @@ def read_idx(path: Path, magic: int) -> np.ndarray:
             f"{found}; replace it with an intact IDX file"
         )
     return np.frombuffer(raw, dtype=np.uint8).reshape(dims)
+
+
+def _within_memory(path: Path, dims: tuple[int, ...]) -> int:
+    """The body's bytes the header declares, refused above MAX_IDX_BYTES or above what the memory this
+    process may use holds as float64 pixels (8 bytes each): before a byte of it is inflated."""
+    body = math.prod(dims)  # Python integers: no overflow, unlike a product in int64
+    most = min(MAX_IDX_BYTES, limits.machine_memory() // 8)
+    if body > most:
+        raise ConfigError(
+            f"{path}: the header declares {dims}, {body} bytes, more than an IDX file here may hold "
+            f"({most}: 4 GiB at most, and the memory this process may use must hold it as float64 pixels); "
+            "replace it with an intact IDX file"
+        )
+    return body
 
 
 def _idx_header(path: Path, start: bytes, f: Any, magic: int) -> tuple[tuple[int, ...], int]:
@@ -87,12 +97,7 @@ def declared(path: Path, magic: int) -> tuple[int, ...]:
                 size = int.from_bytes(f.read(4), "little")  # ISIZE: the inflated size mod 2**32
     except (OSError, EOFError, zlib.error) as e:
         raise ConfigError(f"{path}: cannot be read ({e}); replace it with an intact IDX file") from e
-    whole = header + math.prod(dims)
-    if math.prod(dims) > MAX_IDX_BYTES:
-        raise ConfigError(
-            f"{path}: the header declares {dims}, {math.prod(dims)} bytes, more than an IDX file here may "
-            f"hold ({MAX_IDX_BYTES}); replace it with an intact IDX file"
-        )
+    whole = header + _within_memory(path, dims)
     if size != (whole % 2**32 if gz else whole):
         raise ConfigError(
             f"{path}: truncated or padded: header says {dims} ({whole} bytes) but the file has "

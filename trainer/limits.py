@@ -4,6 +4,7 @@ before anything starts."""
 from __future__ import annotations
 
 import os
+import resource
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -21,13 +22,26 @@ def weight_bytes(hidden: int, dtype: str) -> int:
 
 
 def machine_memory() -> int:
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    """The memory this process may use: the machine's, or less where a limit says (``ulimit -v``,
+    a cgroup's memory.max as Slurm and containers set it)."""
+    found = [os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")]
+    soft, _hard = resource.getrlimit(resource.RLIMIT_AS)
+    if soft != resource.RLIM_INFINITY:
+        found.append(soft)
+    try:
+        cgroup = Path("/proc/self/cgroup").read_text().strip().split("::")[-1]
+        text = Path(f"/sys/fs/cgroup{cgroup}/memory.max").read_text().strip()
+        if text.isdigit():
+            found.append(int(text))
+    except OSError:  # no cgroup v2 here
+        pass
+    return min(found)
 
 
 def too_big(hidden: int, dtype: str) -> str:
     return (
         f"hidden={hidden}: the weights and their copies would take {weight_bytes(hidden, dtype) / 2**30:.1f} GiB, "
-        f"more than this machine's {machine_memory() / 2**30:.0f} GiB of memory; lower hidden"
+        f"more than the {machine_memory() / 2**30:.1f} GiB of memory this process may use; lower hidden"
     )
 
 

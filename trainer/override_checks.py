@@ -1,11 +1,12 @@
 """The command line's overrides, checked before Hydra composes them: a key that moved, refused under
 its old spelling with the new one named (``tf32=true`` is ``gpu.gemm=tf32``), and a key given twice
-(Hydra would silently keep the last); after composing, a key added (``+hiden=16``) that the
+(Hydra keeps the last without a word); after composing, a key added (``+hiden=16``) that the
 schema lacks."""
 
 from __future__ import annotations
 
 import difflib
+import sys
 
 from omegaconf import OmegaConf
 
@@ -33,16 +34,31 @@ def check_old_keys(overrides: list[str]) -> None:
         raise ConfigError(f"{key} is now {new}" + (f"={value}; set {new}={value}" if value else f"; set {new}"))
 
 
-def check_repeated(overrides: list[str]) -> None:
-    """Refuse a key given twice (``hidden=16 hidden=32``): which one was meant is not ours to guess."""
-    seen: dict[str, str] = {}
+def repeated(overrides: list[str]) -> list[tuple[str, str, str]]:
+    """(key, first, last) of each key given more than once (``hidden=16 hidden=32``)."""
+    first: dict[str, str] = {}
+    out = []
     for arg in overrides:
         if arg.startswith("-") or "=" not in arg:
             continue
         key = arg.lstrip("+~").split("=", 1)[0]
-        if key in seen:
-            raise ConfigError(f"{key} is given twice ({seen[key]}, {arg}); keep one (a sweep takes {key}=a,b)")
-        seen[key] = arg
+        if key in first:
+            out.append((key, first[key], arg))
+        first.setdefault(key, arg)
+    return out
+
+
+def check_repeated(overrides: list[str]) -> None:
+    """A sweep refuses a key given twice (``hidden=16,32 hidden=8``): which grid was meant is not ours
+    to guess, and a sweep costs hours."""
+    for key, one, other in repeated(overrides):
+        raise ConfigError(f"{key} is given twice ({one}, {other}); keep one (a sweep takes {key}=a,b)")
+
+
+def note_repeated(overrides: list[str]) -> None:
+    """A single run keeps Hydra's rule, the last value wins, and says so in a line on stderr."""
+    for key, one, other in repeated(overrides):
+        print(f"note: {key} is given twice ({one}, {other}): the last, {other}, is used", file=sys.stderr)
 
 
 def unknown_key(key: str, schema: object) -> str:
