@@ -14,6 +14,7 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
+from trainer import limits
 from trainer.config import TrainerConfig
 from trainer.config import register as register_trainer
 from trainer.errors import ConfigError
@@ -137,6 +138,8 @@ def validate_sweep(base: Any) -> None:
     for ok, message in checks:
         if not ok:
             raise ConfigError(message)
+    if launcher.folder is not None:  # the jobs' files and logs: found unwritable now, not at submission
+        limits.check_writable("launcher.folder", launcher.folder)
 
 
 def register() -> None:

@@ -137,6 +137,8 @@ def test_a_sweep_on_slurm_without_slurm_is_refused_before_anything_starts(tmp_pa
         (["check.cache_dir=/proc/sweepscale"], "check.cache_dir=/proc/sweepscale: cannot write there"),
         (["+hiden=1,2"], "hiden is not a trainer key: it would change nothing; did you mean hidden?"),
         (["hidden=16,32", "hidden=8"], "hidden is given twice (hidden=16,32, hidden=8); keep one"),
+        (["hydra.sweep.dir=/proc/sweeps"], "hydra.sweep.dir=/proc/sweeps: cannot write there"),
+        (["launcher.folder=/proc/jobs"], "launcher.folder=/proc/jobs: cannot write there"),
     ],
 )
 def test_bad_input_stops_before_anything_is_submitted(args, message, tmp_path, mlflow_uri):

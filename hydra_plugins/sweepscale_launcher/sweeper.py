@@ -7,13 +7,28 @@ it as hydra/sweeper=sweepscale, which conf/sweep.yaml selects.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 
 
 class SweepscaleSweeper(BasicSweeper):
+    def sweep(self, arguments: list[str]) -> Any:
+        """BasicSweeper's, once the sweep's folder is known to take files: Hydra would fail writing
+        its multirun.yaml there with a traceback naming no key."""
+        from trainer.errors import ConfigError
+        from trainer.limits import check_writable
+
+        try:
+            check_writable("hydra.sweep.dir", str(self.config.hydra.sweep.dir))
+        except ConfigError as e:
+            print(f"Error: {e}", file=sys.stderr)
+            sys.exit(2)
+        return super().sweep(arguments)
+
     def validate_batch_is_legal(self, batch: Sequence[Sequence[str]]) -> None:
         """The same early check, the same errors: every point composed, most by the fast path."""
         from hydra_plugins.sweepscale_launcher.compose import PointComposer
