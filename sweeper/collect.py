@@ -57,3 +57,22 @@ def collect(
                 text = (run.data.tags.get(metrics.TAG_ERROR, "") if run is not None else "") or why
             outcomes.append(display.Outcome(p.name, status, run, text, log))
     return outcomes
+
+
+def offline(points: list[Point], done_before: dict[str, str], flight: Flight) -> list[display.Outcome]:
+    """Each point's outcome from what its job said alone (the tracking server did not answer): a
+    status and the job's error, no run."""
+    outcomes = []
+    for p in points:
+        log = flight.logs.get(p.index, "")
+        if p.config_hash in done_before:
+            outcomes.append(display.Outcome(p.name, "SKIPPED"))
+        elif p in flight.queued:
+            outcomes.append(display.Outcome(p.name, "CANCELLED", None, "never started", log))
+        elif p.index in flight.running:
+            outcomes.append(display.Outcome(p.name, "KILLED", None, "", log))
+        else:
+            error = flight.finished.get(p.index)
+            status, why = ("FAILED", job_end.one_line(error)) if error is not None else ("FINISHED", "")
+            outcomes.append(display.Outcome(p.name, status, None, why, log))
+    return outcomes

@@ -86,6 +86,9 @@ class SweepOptions:
     dry_run: bool = False  # preview the points and their resources; submit nothing
     force: bool = False  # rerun points that already have a FINISHED run
     poll_s: float = 0.2
+    # At the sweep's end, the longest wait on one call to a tracking server (http): what a server that
+    # does not answer cannot take waits in journals for `python -m sweeper.sync`.
+    store_wait_s: float = 10.0
 
 
 @dataclass
@@ -122,6 +125,10 @@ def validate_sweep(base: Any) -> None:
             f"launcher.timeout_min={launcher.timeout_min}: a point needs at least 1 minute; e.g. 60",
         ),
         (launcher.max_restarts >= 0, f"launcher.max_restarts={launcher.max_restarts}: 0 or more"),
+        (
+            sweep.store_wait_s >= 1,
+            f"sweep.store_wait_s={sweep.store_wait_s}: at least 1 second per call to the tracking server, e.g. 10",
+        ),
         (
             sweep.poll_s > 0,
             f"sweep.poll_s={sweep.poll_s}: the watch polls every poll_s seconds; set a positive value, e.g. 0.5",

@@ -16,7 +16,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from sweeper import display, timeline
-from sweeper.collect import collect
+from sweeper.collect import collect, offline
 from sweeper.config import FLAGS, validate_sweep
 from sweeper.plan import plan
 from sweeper.point_files import prepare
@@ -70,23 +70,51 @@ def run_sweep(base: DictConfig, points: list[Point], sweep_dir: Path, overrides:
             record.abandon(e)  # no run of this sweep stays RUNNING
         raise
     with phase("collect"):
-        if uri.startswith(("http://", "https://")):  # what points left while the server was away
-            for path, what in journal.send_left(sweep_dir):
-                display.console.print(f"tracking journal of {path.parent.name}: {what}")
-        if flight.interrupted:
-            record.kill_running(sweep_id)  # runs whose trainer could not say so
-        watched = {p.name: j.run_id for p, j in earlier.values()}
-        outcomes = collect(record, sweep_id, points, done_before, flight, watched)
+        away: Exception | None = None
+        try:
+            if uri.startswith(("http://", "https://")):  # what points left while the server was away
+                journal.bound_waits(opts.store_wait_s)  # from here on the sweep's end waits a bounded time
+                for path, what in journal.send_left(sweep_dir):
+                    display.console.print(f"tracking journal of {path.parent.name}: {what}")
+            if flight.interrupted:
+                record.kill_running(sweep_id)  # runs whose trainer could not say so
+            watched = {p.name: j.run_id for p, j in earlier.values()}
+            outcomes = collect(record, sweep_id, points, done_before, flight, watched)
+        except Exception as e:
+            if not journal.server_away(e):
+                raise
+            away, outcomes = e, offline(points, done_before, flight)
         add_jobs(runner, outcomes)
         ok = all(o.status in ("FINISHED", "SKIPPED") for o in outcomes)
-        record.end_parent("KILLED" if flight.interrupted else "FINISHED" if ok else "FAILED")
+        away = end_parent(record, "KILLED" if flight.interrupted else "FINISHED" if ok else "FAILED", sweep_dir, away)
     with phase("report"):
-        report = write_report(record, sweep_dir)
+        report = write_report(record, sweep_dir) if away is None else None
         drawing.stop()
     display.summary(outcomes, report)  # with the report's speedups, diverged points and best
+    if away is not None:
+        said = str(away).splitlines()[0][:200]
+        display.console.print(
+            f"[red]the tracking server at {uri} did not answer[/red] ({said}): what it lacks waits in journals "
+            f"under {sweep_dir}; when it is back: python -m sweeper.sync {sweep_dir}, then python -m sweeper.report "
+            f"{sweep_id}"
+        )
     display.closing(report, record.uri, record.experiment_id, record.parent_id)
     timeline.write(sweep_dir)
-    return 130 if flight.interrupted else 0 if ok else 1
+    return 130 if flight.interrupted else 0 if ok and away is None else 1
+
+
+def end_parent(record: SweepRecord, status: str, sweep_dir: Path, away: Exception | None) -> Exception | None:
+    """End the parent run, or, the tracking server away, journal its end for `python -m sweeper.sync`."""
+    if away is None:
+        try:
+            record.end_parent(status)
+            return None
+        except Exception as e:
+            if not journal.server_away(e):
+                raise
+            away = e
+    journal.Journal(sweep_dir / "parent", record.uri, record.parent_id).append({"op": "end", "status": status})
+    return away
 
 
 def preflight(runner: Runner, points: list[Point], dry_run: bool) -> str:

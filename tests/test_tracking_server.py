@@ -86,3 +86,54 @@ def test_a_server_killed_mid_run_loses_nothing(idx_dir, tmp_path):
         assert not (spool / journal.FILE).exists()  # all sent: nothing left to send
     finally:
         stop(server)
+
+
+def test_a_server_gone_at_a_sweeps_end_costs_a_bounded_wait_and_sync_delivers_everything(idx_dir, tmp_path):
+    """#33 item 1: the server killed while a 2-point sweep trains. The sweep ends in bounded time
+    (sweep.store_wait_s per call) with its table and one line saying what waits and the command
+    that sends it; after the server is back, `sweeper.sync` ends every run and the parent."""
+    from trainer.tracking import client
+
+    port = free_port()
+    uri = f"http://127.0.0.1:{port}"
+    server = start_server(tmp_path, port)
+    args = ["hidden=8,16", "epochs=300", "batch_size=10", "data.n_train=60", "data.n_test=10", "device=cpu"]
+    args += [f"data.dir={idx_dir}", f"mlflow.tracking_uri={uri}", "sweep.store_wait_s=2", "check.reference=false"]
+    env = {**os.environ, "SWEEPSCALE_SPOOL_DRAIN_S": "1"}
+    cmd = [sys.executable, "-m", "sweeper", "-m", *args]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None:  # both runs created: then the outage
+            exp = client(uri).get_experiment_by_name("sweepscale")
+            if exp is not None and len(client(uri).search_runs([exp.experiment_id])) == 3:
+                break
+            time.sleep(0.3)
+        stop(server)
+        t0 = time.monotonic()
+        out, _ = proc.communicate(timeout=300)
+        waited = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1, out
+    assert waited < 90, out  # MLflow's own retries would wait about 4 minutes per call
+    assert "sweep summary" in out and out.count("FINISHED") >= 2
+    assert f"the tracking server at {uri} did not answer" in out and "python -m sweeper.sync" in out
+    (sweep_dir,) = tmp_path.glob("multirun/*/*")
+    server = start_server(tmp_path, port)
+    try:
+        sync = subprocess.run(
+            [sys.executable, "-m", "sweeper.sync", str(sweep_dir)], capture_output=True, text=True, timeout=240
+        )
+        assert sync.returncode == 0, sync.stdout + sync.stderr
+        c = client(uri)
+        runs = c.search_runs([c.get_experiment_by_name("sweepscale").experiment_id])
+        assert sorted(r.info.status for r in runs) == ["FINISHED"] * 3  # both points and the parent
+        for r in runs:
+            if "mlflow.parentRunId" in r.data.tags:  # every epoch of every point, once
+                steps = [m.step for m in c.get_metric_history(r.info.run_id, metrics.TRAIN_LOSS_EPOCH)]
+                assert sorted(steps) == list(range(1, 301)), r.info.run_name
+        assert not list(sweep_dir.rglob(journal.FILE))  # all sent
+    finally:
+        stop(server)

@@ -141,12 +141,32 @@ def send_left(folder: str | os.PathLike) -> list[tuple[Path, str]]:
     what happened) for each, "sent", "sent, run still open" or the store's error."""
     from trainer.tracking import client
 
-    out = []
+    out, away = [], set()
     for path in sorted(Path(folder).rglob(FILE)):
         journal = Journal(path.parent)
+        uri = journal.header()["uri"]
+        if uri in away:  # one wait per absent server, not one per journal
+            out.append((path, "not sent: the tracking server did not answer"))
+            continue
         try:
-            ended = journal.send(client(journal.header()["uri"]))
+            ended = journal.send(client(uri))
             out.append((path, "sent" if ended else "sent, run still open"))
         except Exception as e:
+            if server_away(e):
+                away.add(uri)
             out.append((path, f"not sent: {type(e).__name__}: {e}"[:300]))
     return out
+
+
+def bound_waits(seconds: float) -> None:
+    """From now on in this process, a call to a tracking server gives up after about ``seconds`` (one
+    try and one retry, each at most ``seconds / 2``): MLflow's own default retries for minutes."""
+    os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] = "1"
+    os.environ["MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR"] = "1"
+    os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] = str(max(1, int(seconds / 2)))
+
+
+def server_away(error: BaseException) -> bool:
+    """Whether MLflow's error says the tracking server did not answer (refused, timed out, gone)."""
+    text = str(error)
+    return "API request to" in text and any(w in text for w in ("Max retries", "timeout", "Connection", "timed out"))
