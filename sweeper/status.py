@@ -17,9 +17,9 @@ from typing import Any
 from rich.table import Table
 
 from sweeper.display import console
-from sweeper.report.__main__ import default_folder, find_parents
+from sweeper.report.__main__ import default_folder, find_parents, open_experiment, store_arguments
 from sweeper.report.study import planned_points
-from trainer import metrics, tracking
+from trainer import metrics
 
 COLOURS = {"queued": "dim", "running": "yellow", "finished": "green", "reused": "cyan"}
 
@@ -66,22 +66,11 @@ def status_rows(client: Any, parent: Any) -> list[tuple[str, str, str]]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m sweeper.status", description=__doc__.split("\n")[0])
     parser.add_argument("sweep", nargs="?", default="latest", metavar="SWEEP_ID", help="a sweep id, or 'latest'")
-    parser.add_argument(
-        "--tracking-uri", help="MLflow tracking URI (default: MLFLOW_TRACKING_URI or sqlite:///mlflow.db)"
-    )
-    parser.add_argument("--experiment", help="MLflow experiment (default: MLFLOW_EXPERIMENT_NAME or sweepscale)")
+    store_arguments(parser)
     parser.add_argument("--report", action="store_true", help="also build the report of what has finished so far")
     args = parser.parse_args(argv)
-    from sweeper.records import absolute_uri
-
-    uri = absolute_uri(tracking.tracking_uri(args.tracking_uri))
-    client = tracking.client(uri)
-    name = tracking.experiment_name(args.experiment)
-    experiment = client.get_experiment_by_name(name)
-    if experiment is None:
-        print(f"Error: no experiment {name!r} at {uri}; pass --experiment or --tracking-uri", file=sys.stderr)
-        return 2
-    (parent,) = find_parents(client, experiment.experiment_id, [args.sweep])
+    client, experiment_id = open_experiment(args)
+    (parent,) = find_parents(client, experiment_id, [args.sweep])
     rows = status_rows(client, parent)
     table = Table(
         title=f"sweep {parent.data.tags.get(metrics.TAG_SWEEP_ID)}: {parent.info.run_name} ({parent.info.status})"

@@ -40,15 +40,31 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m sweeper.report", description=__doc__.split("\n")[0])
     parser.add_argument("sweeps", nargs="+", metavar="SWEEP_ID", help="sweep id(s), or 'latest'")
     parser.add_argument("--out", type=Path, help="folder to write to (default: the sweep's folder/report)")
+    store_arguments(parser)
+    parser.add_argument("--no-attach", action="store_true", help="do not log the report to the parent run")
+    args = parser.parse_args(argv)
+
+    from sweeper.report import report_for
+
+    client, experiment_id = open_experiment(args)
+    parents = find_parents(client, experiment_id, args.sweeps)
+    folder = args.out or default_folder(parents)
+    report = report_for(client, parents, folder, attach=not args.no_attach)
+    print(f"report of {len(report.rows)} point(s) in {report.seconds:.1f} s: {folder / 'report.html'}")
+    return 0
+
+
+def store_arguments(parser: argparse.ArgumentParser) -> None:
+    """--tracking-uri and --experiment, as every command that reads sweeps back takes them."""
     parser.add_argument(
         "--tracking-uri", help="MLflow tracking URI (default: MLFLOW_TRACKING_URI or sqlite:///mlflow.db)"
     )
     parser.add_argument("--experiment", help="MLflow experiment (default: MLFLOW_EXPERIMENT_NAME or sweepscale)")
-    parser.add_argument("--no-attach", action="store_true", help="do not log the report to the parent run")
-    args = parser.parse_args(argv)
 
+
+def open_experiment(args: argparse.Namespace) -> tuple[Any, str]:
+    """The store's client and the experiment's id; without the experiment, an error and exit status 2."""
     from sweeper.records import absolute_uri
-    from sweeper.report import report_for
 
     uri = absolute_uri(tracking.tracking_uri(args.tracking_uri))
     client = tracking.client(uri)
@@ -56,12 +72,8 @@ def main(argv: list[str] | None = None) -> int:
     experiment = client.get_experiment_by_name(name)
     if experiment is None:
         print(f"Error: no experiment {name!r} at {uri}; pass --experiment or --tracking-uri", file=sys.stderr)
-        return 2
-    parents = find_parents(client, experiment.experiment_id, args.sweeps)
-    folder = args.out or default_folder(parents)
-    report = report_for(client, parents, folder, attach=not args.no_attach)
-    print(f"report of {len(report.rows)} point(s) in {report.seconds:.1f} s: {folder / 'report.html'}")
-    return 0
+        raise SystemExit(2)
+    return client, experiment.experiment_id
 
 
 def default_folder(parents: list[Any]) -> Path:
