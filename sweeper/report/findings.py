@@ -72,7 +72,10 @@ def _nproc_effect(points: Sequence[Any], fams: Sequence[tuple]) -> list[str]:
     worst = max(spreads)
     if worst < SAME_RESULT:
         return [f"nproc did not change the result: precision within {worst:.4f} across nproc (the same SGD steps)."]
-    return [f"nproc changed the precision by up to {worst:.4f} between points that differ only in nproc."]
+    return [
+        f"Precision differs by up to {worst:.4f} between points that differ only in nproc: their sums run in "
+        "another order, and rounding differences grow over training (the weight error says how far)."
+    ]
 
 
 def _scaling_verdict(fams: Sequence[tuple]) -> list[str]:
