@@ -167,14 +167,19 @@ def open_sweep(
 
 
 def add_jobs(runner: Runner, outcomes: list[display.Outcome]) -> None:
-    """Each run's scheduler job (the tag its trainer set) and what the scheduler says of it."""
-    ids = {o.name: o.run.data.tags.get(metrics.TAG_SLURM_JOB) for o in outcomes if o.run is not None}
+    """Each run's scheduler job (the tags its trainer set: an array task as sacct names it, 30_0, else
+    the job id) and what the scheduler says of it; a warm worker's job serves other points after
+    this one, so its state says nothing of this point's and is not shown."""
+    ids = {}
+    for o in outcomes:
+        if o.run is not None:
+            tags = o.run.data.tags
+            ids[o.name] = tags.get(metrics.TAG_SLURM_ARRAY) or tags.get(metrics.TAG_SLURM_JOB)
     accounts = runner.accounting([i for i in ids.values() if i])
     for o in outcomes:
         if ids.get(o.name):
-            o.job = (
-                f"{o.run.data.tags.get(metrics.TAG_SLURM_ARRAY, ids[o.name])} {accounts.get(ids[o.name], '')}".strip()
-            )
+            warm = o.run.data.tags.get(metrics.TAG_WARM) == "true"
+            o.job = f"{ids[o.name]} {'(warm worker)' if warm else accounts.get(ids[o.name], '')}".strip()
 
 
 def distinct(points: list[Point], groups: dict) -> tuple[list[Point], dict]:

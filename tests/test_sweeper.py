@@ -280,9 +280,10 @@ def test_slurm_sweep_world_sizes_failures_and_resume(tmp_path, mlflow_uri):
         shown = r.data.tags.get(metrics.TAG_SLURM_ARRAY, r.data.tags[metrics.TAG_SLURM_JOB])  # array task, or job
         lines = result.stdout.splitlines()
         row = next(line for line in lines if line.startswith(f"│ {name} "))
-        assert re.search(rf"{shown} (COMPLETED|COMPLETING|RUNNING) 00:00:\d\d", row), (
-            row
-        )  # a warm job may outlive its last point
+        assert f"{shown} (warm worker)" in row, row  # its job serves other points: its state is not this point's
+        job = r.data.tags[metrics.TAG_SLURM_JOB]
+        submitted = [line for line in lines if line.startswith("slurm job ") and name in line]
+        assert submitted and any(line.split()[2] in (job, shown) for line in submitted), lines[:20]
     assert parent.data.tags["sweepscale.scheduler"] == "slurm"
     for rank_log in tmp_path.glob("multirun/*/*/*/stderr.rank1.log"):  # the nproc=2 points': every rank's log
         assert rank_log.resolve().name.endswith("_1_log.err")
@@ -291,6 +292,19 @@ def test_slurm_sweep_world_sizes_failures_and_resume(tmp_path, mlflow_uri):
     result = sweep(args, tmp_path)
     assert result.returncode == 0
     assert result.stdout.count("skip hidden=") == 4
+
+
+@slurm
+def test_a_cold_slurm_points_job_column_is_what_sacct_says_of_its_array_task(tmp_path, mlflow_uri):
+    """#33 item 12: an array task is asked of sacct as sacct names it (30_0), not by its own job id."""
+    result = sweep(["hidden=16,32", "nproc=1", *FAST, *SLURM, "launcher.warm=false"], tmp_path)  # an array of 2
+    assert result.returncode == 0, result.stdout + result.stderr
+    (parent,) = parents(mlflow_uri)
+    for name, r in children_of(mlflow_uri, parent.info.run_id).items():
+        task = r.data.tags[metrics.TAG_SLURM_ARRAY]
+        row = next(line for line in result.stdout.splitlines() if line.startswith(f"│ {name} "))
+        assert re.search(rf"{task} (COMPLETED|COMPLETING|RUNNING) 00:00:\d\d", row), row  # its state, found
+        assert f"slurm job {task.split('_')[0]}" in result.stdout or f"slurm job {task}" in result.stdout
 
 
 @slurm

@@ -18,6 +18,7 @@ from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from sweeper.display import console
 from sweeper.point_job import run_point, run_worker
 from sweeper.points import Point, Shape
 from sweeper.runners import bootstrap, partition
@@ -193,6 +194,7 @@ class SlurmRunner:
             for p, job in zip(todo, jobs):
                 queued.remove(p)
                 started.append((p, job))
+                console.print(f"slurm job {job.job_id} ({shape.describe()}): {p.name}")
         return started
 
     def _start_warm(self, queued: list[Point]) -> list[tuple[Point, Job]]:
@@ -213,6 +215,7 @@ class SlurmRunner:
             jobs = self._submit(shape, max(len(q.points) for q in qs), calls, at_once)
             for q, name, job in zip(qs, names, jobs):
                 q.workers[name] = job
+                console.print(f"slurm job {job.job_id} ({shape.describe()}): {', '.join(p.name for p in q.points)}")
         return pool.tickets(queued)
 
     def env(self, shape: Shape) -> dict[str, str]:
