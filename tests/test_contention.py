@@ -38,8 +38,16 @@ def hold(name: str, timing: str, seconds: float | str) -> subprocess.Popen:
 
 
 def ended(proc: subprocess.Popen) -> dict:
-    out, _ = proc.communicate("go\n", timeout=60)
-    assert proc.returncode == 0
+    """What the span said at its end. Read through the same buffered stream as hold()'s readline:
+    communicate() reads the pipe itself and would miss a line that readline had already buffered."""
+    if proc.stdin is not None:
+        try:
+            proc.stdin.write("go\n")
+            proc.stdin.close()
+        except BrokenPipeError:  # it had ended by itself
+            pass
+    out = proc.stdout.read()
+    assert proc.wait(timeout=60) == 0
     return json.loads(out.strip().splitlines()[-1])
 
 

@@ -416,6 +416,26 @@ def test_slurm_unknown_partition_surfaces_scheduler_message(tmp_path, mlflow_uri
     assert not Path(mlflow_uri.removeprefix("sqlite:///")).exists()
 
 
+@slurm
+@pytest.mark.parametrize(
+    ("key", "message"),
+    [
+        ("launcher.account=nosuchaccount", "Slurm's accounting has no account 'nosuchaccount'"),
+        ("launcher.qos=nosuchqos", "Slurm's accounting has no qos 'nosuchqos'"),
+        ("launcher.constraint=nosuchfeature", "Slurm refuses it ("),
+    ],
+)
+def test_an_account_qos_or_constraint_slurm_refuses_stops_the_dry_run_too(key, message, tmp_path, mlflow_uri):
+    """#33 item 14: asked of Slurm (its accounting; sbatch --test-only) before anything is submitted,
+    also by --dry-run."""
+    for extra in (["--dry-run"], []):
+        result = sweep(["hidden=16", *FAST, *SLURM, key, *extra], tmp_path)
+        assert result.returncode == 2, result.stdout + result.stderr
+        assert f"Error: {key}: {message}" in result.stderr, result.stderr
+        assert "Traceback" not in result.stderr
+    assert not Path(mlflow_uri.removeprefix("sqlite:///")).exists()
+
+
 def test_scaling_preset_keeps_batch_per_rank_constant():
     assert compose_sweep(["+experiment=scaling", "nproc=4"]).batch_size == 12800
     assert compose_sweep(["+experiment=scaling", "nproc=1"]).data.n_train == 38400

@@ -1,7 +1,8 @@
 """What a Slurm partition offers, asked of Slurm itself (``scontrol show partition``, ``sinfo``):
 the limits the pre-flight check holds every point to (:func:`check_limits`), so that a point the
 partition can never run is refused instead of pending forever, and the ranks and GPUs per node a
-launcher config that leaves them null gets."""
+launcher config that leaves them null gets; whether Slurm takes the account, qos and constraint
+asked (``sbatch --test-only``); what sacct says of jobs."""
 
 from __future__ import annotations
 
@@ -124,3 +125,53 @@ def check_limits(launcher: DictConfig, part: Partition, per_node: tuple[int, int
     for bad, message in problems:
         if bad:
             raise ConfigError(message)
+
+
+def check_request(launcher: DictConfig) -> None:
+    """The account, qos and constraint asked of Slurm as it would take them: ``sbatch --test-only``
+    submits nothing and answers what a real submission would meet (an unknown account, a qos the
+    user may not use, a feature no node has). ConfigError naming the keys and Slurm's words."""
+    asked = {key: launcher[key] for key in ("account", "qos", "constraint") if launcher[key] is not None}
+    if not asked:
+        return
+    for kind in ("account", "qos"):  # a cluster that does not enforce accounting takes any name: ask it
+        if kind in asked and _unknown(kind, asked[kind]):
+            raise ConfigError(
+                f"launcher.{kind}={asked[kind]}: Slurm's accounting has no {kind} {asked[kind]!r} "
+                f"(`sacctmgr show {kind}`); fix the key or leave it null"
+            )
+    cmd = ["sbatch", "--test-only", "--nodes=1", "--ntasks=1", "--time=1", "--wrap=true"]
+    cmd += [f"--{key}={value}" for key, value in asked.items()]
+    if launcher.partition is not None:
+        cmd.append(f"--partition={launcher.partition}")
+    try:
+        result = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise away(f"`{' '.join(cmd)}`: {e}") from None
+    if result.returncode != 0:
+        keys = " ".join(f"launcher.{k}={v}" for k, v in asked.items())
+        said = " ".join((result.stderr or result.stdout).split())
+        raise ConfigError(f"{keys}: Slurm refuses it ({said}); fix the key or leave it null")
+
+
+def accounting(job_ids: list[str]) -> dict[str, str]:
+    """sacct's state and elapsed time of each job (TIMEOUT, PREEMPTED, OUT_OF_MEMORY, NODE_FAIL, ...)."""
+    if not job_ids:
+        return {}
+    cmd = ["sacct", "-n", "-P", "-X", "-o", "JobID,State,Elapsed", "-j", ",".join(sorted(set(job_ids)))]
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    rows = [line.split("|") for line in out.splitlines() if line.count("|") == 2]
+    return {job: f"{state.split()[0]} {elapsed}" for job, state, elapsed in rows}
+
+
+def _unknown(kind: str, name: str) -> bool:
+    """Whether Slurm's accounting answers and has no ``kind`` (account, qos) of this name."""
+    try:
+        cmd = ["sacctmgr", "-n", "-P", "show", kind, name, "format=name"]
+        result = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return False  # no accounting here: sbatch --test-only is the only judge
+    return result.returncode == 0 and name.lower() not in result.stdout.lower().split()

@@ -134,6 +134,7 @@ class SlurmRunner:
         self._bootstrap = bootstrap.detect(self.launcher.pmi.value, mpiexec, self.launcher.partition)
         if self.away is not None:
             raise self.away
+        partition.check_request(self.launcher)  # account, qos, constraint: as sbatch would take them
         longest = max(Counter(p.shape for p in points).values()) if self.pool is not None else 1
         partition.check_limits(
             self.launcher, self.partition_limits(), self.per_node(), min(longest, self.launcher.points_per_job)
@@ -278,16 +279,7 @@ class SlurmRunner:
         return set(out.split()) & set(job_ids)
 
     def accounting(self, job_ids: list[str]) -> dict[str, str]:
-        """sacct's state and elapsed time of each job (TIMEOUT, PREEMPTED, OUT_OF_MEMORY, NODE_FAIL, ...)."""
-        if not job_ids:
-            return {}
-        cmd = ["sacct", "-n", "-P", "-X", "-o", "JobID,State,Elapsed", "-j", ",".join(sorted(set(job_ids)))]
-        try:
-            out = subprocess.run(cmd, capture_output=True, text=True, timeout=30).stdout
-        except (OSError, subprocess.TimeoutExpired):
-            return {}
-        rows = [line.split("|") for line in out.splitlines() if line.count("|") == 2]
-        return {job: f"{state.split()[0]} {elapsed}" for job, state, elapsed in rows}
+        return partition.accounting(job_ids)
 
     def release(self, job: Job) -> None:
         pass  # Slurm holds the resources
