@@ -36,7 +36,8 @@ def collect(
             outcomes.append(display.Outcome(p.name, "CANCELLED", run, "never started", log))
         elif p.index in flight.running:
             status = run.info.status if run is not None else "KILLED"
-            outcomes.append(display.Outcome(p.name, "KILLED" if status == "RUNNING" else status, run, "", log))
+            why = "the sweep was stopped while it trained (Ctrl-C or SIGTERM)" if flight.interrupted else ""
+            outcomes.append(display.Outcome(p.name, "KILLED" if status == "RUNNING" else status, run, why, log))
         else:
             error = flight.finished.get(p.index)
             if run is None and error is None:  # the job said nothing went wrong, yet nothing was recorded
