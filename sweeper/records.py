@@ -9,7 +9,7 @@ from typing import Any
 
 from sweeper.report.study import POINTS_ARTIFACT
 from trainer import metrics, tracking
-from trainer.worker import alive, owner
+from trainer.processes import alive, owner
 
 
 def absolute_uri(uri: str) -> str:

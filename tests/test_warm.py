@@ -204,7 +204,8 @@ def test_worker_claims_are_atomic_between_workers(tmp_path):
 def test_an_early_worker_waits_for_the_seal_or_for_its_sweeper(tmp_path):
     """Workers start before the sweeper writes the tickets: one waits for the seal and, the queue
     empty, ends; one whose sweeper died first ends too (never waits forever)."""
-    from trainer.worker import CLAIMED, OWNER, SEALED, TODO, owner
+    from trainer.processes import owner
+    from trainer.worker import CLAIMED, OWNER, SEALED, TODO
 
     def start(queue: Path, owned_by: str) -> subprocess.Popen:
         for sub in (TODO, CLAIMED):

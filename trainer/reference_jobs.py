@@ -34,7 +34,7 @@ import numpy as np
 from trainer import model
 from trainer.backend import visible_gpus
 from trainer.loop import Schedule
-from trainer.worker import alive
+from trainer.processes import alive
 
 RUNNING = ".running"  # in the cache folder: one marker per reference computing, "<host>.<pid>"
 CORES_ENV = "SWEEPSCALE_CORES"  # the cores a CPU job holds, where its runner says (sweeper/runners/local.py)

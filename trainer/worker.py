@@ -36,6 +36,7 @@ from typing import Any
 
 from trainer import lease as leases
 from trainer import parallel, requeue, sigterm
+from trainer.processes import alive
 from trainer.warm_up import warm_up
 
 TODO, CLAIMED = "todo", "claimed"
@@ -66,11 +67,6 @@ def claim(queue: Path, name: str, served: set[Path]) -> Path | None:
     return None
 
 
-def owner() -> str:
-    """What the sweeper writes in OWNER: this process, on this host."""
-    return f"{socket.gethostname()} {os.getpid()}"
-
-
 def wait_sealed(queue: Path) -> bool:
     """Block until the queue is sealed (True), or until its owner, a process on this host, is gone
     (False: the sweeper died before it wrote the tickets)."""
@@ -82,17 +78,6 @@ def wait_sealed(queue: Path) -> bool:
         if host == socket.gethostname() and not alive(int(pid)):
             return False
         time.sleep(SEAL_POLL_S)
-    return True
-
-
-def alive(pid: int) -> bool:
-    """Whether process ``pid`` of this host is alive."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process of that number: alive
-        pass
     return True
 
 

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from sweeper import job_end
 from sweeper.point_job import PointFailedError
 from trainer import worker as protocol
+from trainer.processes import owner
 
 if TYPE_CHECKING:
     from sweeper.points import Point
@@ -58,7 +59,7 @@ class Queue:
         process's end: the owner file names it)."""
         for sub in (protocol.TODO, protocol.CLAIMED):
             (self.dir / sub).mkdir(parents=True, exist_ok=True)
-        (self.dir / protocol.OWNER).write_text(protocol.owner())
+        (self.dir / protocol.OWNER).write_text(owner())
 
     def seal(self, points: list[Point]) -> None:
         """One ticket per point to run, named so that workers take them in the sweep's order, then
