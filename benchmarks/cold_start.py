@@ -25,9 +25,9 @@ POINT = ["epochs=1", "data.n_train=500", "hidden=8"]
 
 def prepare_store(uri: str) -> None:
     """Create the database and the experiment, as the first run (or the sweeper) would."""
-    from trainer import tracking
+    from trainer import store
 
-    tracking.ensure_experiment(tracking.client(uri), uri, tracking.DEFAULT_EXPERIMENT)
+    store.ensure_experiment(store.client(uri), uri, store.DEFAULT_EXPERIMENT)
 
 
 def measure(n: int, overrides: list[str]) -> tuple[list[float], list[float]]:

@@ -4,7 +4,7 @@
 # reference cache, through the local launcher and through Slurm (scripts/slurm_gpu_node.sh), and
 # the code before this change beside it (.device/before, for the paired figures). Prints a table;
 # logs and each sweep's timeline.json in $OUT/results.tgz. docs/benchmarks.md has the call and the figures.
-#   bash benchmarks/headline_gpu.sh [STAGE ...]   stages: warmup probe after before again nocheck slurm shard pytest (default: after slurm)
+#   bash benchmarks/headline_gpu.sh [STAGE ...]   stages: warmup probe after newcache before again nocheck slurm shard pytest (default: after slurm)
 # Expects .whl/ (bash ../shared/device/fetch_wheels.sh), .device/mnist/ (full MNIST),
 # .device/debs/ (bash scripts/slurm_gpu_node.sh --fetch .device/debs), .device/before/ (git archive).
 set -uo pipefail
@@ -58,6 +58,8 @@ for stage in "${@:-after slurm}"; do
         run again_first_epochs3 "$ROOT" "${GRID[@]}" epochs=3
         run again_second_epochs3 "$ROOT" "${GRID[@]}" epochs=3 --force
         unset SWEEP_DIR ;;
+      newcache)  # no template of MLflow's empty store in the user's cache yet: the first new store pays the migrations
+        XDG_CACHE_HOME=$(mktemp -d) run newcache_local_epochs3 "$ROOT" "${GRID[@]}" epochs=3 ;;
       before)
         run before_local_epochs50 "$ROOT/.device/before" "${GRID[@]}"
         run before_local_epochs3 "$ROOT/.device/before" "${GRID[@]}" epochs=3 ;;

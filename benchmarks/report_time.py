@@ -31,7 +31,7 @@ def main() -> None:
     args = parser.parse_args()
     from sweeper.report import publish, study
     from sweeper.report.__main__ import find_parents
-    from trainer import tracking
+    from trainer import store
 
     print(f"{'points':>6} {'load s':>7} {'build s':>8} {'attach s':>9} {'total s':>8}")
     for n in args.points:
@@ -40,7 +40,7 @@ def main() -> None:
             uri = f"sqlite:///{folder / 'mlflow.db'}"
             os.environ.update(MLFLOW_TRACKING_URI=uri, SWEEPSCALE_CACHE=str(folder / "cache"))
             run_sweep(folder, n)
-            client = tracking.client(uri)
+            client = store.client(uri)
             exp = client.get_experiment_by_name("sweepscale")
             parents = find_parents(client, exp.experiment_id, ["latest"])
             stages: dict[str, list[float]] = {"load": [], "build": [], "attach": []}

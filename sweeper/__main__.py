@@ -14,6 +14,7 @@ from omegaconf import DictConfig
 from sweeper.config import FLAGS, register, reject_renamed
 from trainer.errors import ConfigError
 from trainer.override_checks import check_old_keys, check_repeated
+from trainer.processes import run_then_exit
 
 register()
 
@@ -36,4 +37,4 @@ if __name__ == "__main__":
     except ConfigError as e:
         print(f"Error: {e}", file=sys.stderr)
         sys.exit(2)
-    main()
+    run_then_exit(main)  # without Python's teardown: a second of the command's time

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from sweeper.report.study import POINTS_ARTIFACT
-from trainer import metrics, tracking
+from trainer import metrics, store
 from trainer.processes import alive, owner
 
 
@@ -23,8 +23,8 @@ def absolute_uri(uri: str) -> str:
 class SweepRecord:
     def __init__(self, uri: str, experiment: str) -> None:
         self.uri, self.experiment = absolute_uri(uri), experiment
-        self.client = tracking.client(self.uri)
-        self.experiment_id = tracking.ensure_experiment(self.client, self.uri, experiment)
+        self.client = store.client(self.uri)
+        self.experiment_id = store.ensure_experiment(self.client, self.uri, experiment)
         self.parent_id: str | None = None
 
     def finished_hashes(self) -> dict[str, str]:

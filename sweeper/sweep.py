@@ -6,6 +6,7 @@ conf -> expand (Hydra) -> plan resources (the launcher's runner) -> submit (subm
 
 from __future__ import annotations
 
+import os
 import shlex
 import sys
 import traceback
@@ -28,14 +29,13 @@ from sweeper.runners.earlier import EarlierJob
 from sweeper.runners.warm import withdraw_unclaimed
 from sweeper.timeline import phase
 from sweeper.watch import watch
-from trainer import data, journal, limits, metrics, provenance, tracking, uri_check
-from trainer.warm_up import import_mlflow_in_background
+from trainer import data, journal, limits, metrics, provenance, store, uri_check
 
 
 def run_sweep(base: DictConfig, points: list[Point], sweep_dir: Path, overrides: list[str]) -> int:
     """Run the points Hydra expanded; the exit status: 0 all finished, 1 some failed, 130 interrupted."""
     launcher, opts = base.launcher, base.sweep
-    mlflow_import = import_mlflow_in_background()  # seconds of imports, beside the planning
+    store.open_ahead()  # seconds of imports, beside the planning
     with phase("plan"):  # every check before anything is submitted or recorded
         validate_sweep(base)
         sweep_id = uuid.uuid4().hex[:8]
@@ -46,19 +46,19 @@ def run_sweep(base: DictConfig, points: list[Point], sweep_dir: Path, overrides:
         check_data(points)
     with phase("scheduler and store checks"):
         unchecked = preflight(runner, points, opts.dry_run)
-        uri = absolute_uri(tracking.tracking_uri(base.mlflow.tracking_uri))
+        uri = absolute_uri(store.tracking_uri(base.mlflow.tracking_uri))
         uri_check.check_uri(uri)
     if opts.dry_run:
         preview(points, runner.preview(groups), unchecked)
         return 0
 
     with phase("workers' start"):
+        os.environ[store.AHEAD] = uri  # the workers open it while they wait for their points
         runner.prestart(points)  # warm workers start up while MLflow is imported and the parent recorded
     record = None
     try:
         with phase("store: parent run, resume"):
-            mlflow_import.join()
-            record = SweepRecord(uri, tracking.experiment_name(base.mlflow.experiment))
+            record = SweepRecord(uri, store.experiment_name(base.mlflow.experiment))
             todo, done_before, earlier = open_sweep(record, runner, sweep_id, points, sweep_dir, overrides, opts.force)
         with phase("runs"):
             drawing.warm_up()  # the report's drawers start beside the runs

@@ -18,7 +18,7 @@ import pytest
 
 from tests.test_sweeper import FAST, children_of, parents, sweep
 from tests.test_trainer_runs import COMMON, final_weights, only_run, trainer
-from trainer import data, metrics, model, reference, reference_jobs, tracking
+from trainer import data, metrics, model, reference, reference_jobs, store
 from trainer.loop import Schedule
 
 pytestmark = pytest.mark.mpi
@@ -104,7 +104,7 @@ def wait_for(condition, timeout: float = 120, proc: subprocess.Popen | None = No
 
 
 def runs_of(uri: str):
-    client = tracking.client(uri)  # takes turns with the trainer should the store be new
+    client = store.client(uri)  # takes turns with the trainer should the store be new
     exp = client.get_experiment_by_name("sweepscale")
     return [] if exp is None else client.search_runs([exp.experiment_id])
 
@@ -155,7 +155,7 @@ def test_a_slow_check_lands_in_the_run_after_it_ended(idx_dir, mlflow_uri, tmp_p
     assert run.info.status == "FINISHED" and run.data.tags[metrics.TAG_CHECK] == "done"
     assert run.data.metrics[metrics.weight_error("max")] < 1e-12
     logged = run.data.metrics  # the error's time stamp is after the run's end
-    (point,) = tracking.client(mlflow_uri).get_metric_history(run.info.run_id, metrics.weight_error("max"))
+    (point,) = store.client(mlflow_uri).get_metric_history(run.info.run_id, metrics.weight_error("max"))
     assert point.timestamp > run.info.end_time and metrics.TRAIN_LOSS_EPOCH in logged
     assert "max weight error vs CPU after 10 steps" in out
 

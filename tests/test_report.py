@@ -16,7 +16,7 @@ import pytest
 
 from tests.browser import is_blank, page_text, render
 from tests.test_sweeper import children_of, parents, sweep
-from trainer import metrics, tracking
+from trainer import metrics, store
 
 pytestmark = pytest.mark.mpi
 TINY = ["epochs=2", "data.n_train=200", "data.n_test=50", "hidden=16"]
@@ -107,7 +107,7 @@ def test_sweep_ends_with_a_report_of_every_point(study_sweep):
 def test_report_is_attached_to_the_parent_run(study_sweep):
     _tmp, uri, _result = study_sweep
     (parent,) = parents(uri)
-    client = tracking.client(uri)
+    client = store.client(uri)
     attached = {Path(a.path).name for a in client.list_artifacts(parent.info.run_id, "report")}
     assert {"report.html", "points.csv", "summary.md", "convergence.png", "roofline.png"} <= attached
     assert parent.info.run_name == (  # what it varies, then what sets it apart from another such sweep

@@ -9,7 +9,7 @@ import math
 import subprocess
 import sys
 
-from trainer import metrics, tracking
+from trainer import metrics, store
 
 SWEEP = "trust001"
 # (nproc, lr) -> ms per batch, runs beside, final precision, loss curve
@@ -27,8 +27,8 @@ def record_study(uri: str) -> None:
     """A parent and six children, as a sweep of `hidden=64 lr=... nproc=1,2` records them."""
     from mlflow.entities import Metric, Param, RunTag
 
-    client = tracking.client(uri)
-    exp = tracking.ensure_experiment(client, uri, "sweepscale")
+    client = store.client(uri)
+    exp = store.ensure_experiment(client, uri, "sweepscale")
     tags = {metrics.TAG_SWEEP_ID: SWEEP, metrics.TAG_SCHEDULER: "local"}
     parent = client.create_run(exp, run_name="sweep lr x nproc", tags=tags).info.run_id
     client.log_param(parent, "sweep.overrides", "lr=0.05,0.2,0.8 nproc=1,2 hidden=64")

@@ -20,7 +20,7 @@ from tests.test_slurm_requeue import start_now, wait_for
 from tests.test_sweeper import FAST, SLURM, runs, slurm, slurm_answers, sweep
 from tests.test_tracking_server import free_port
 from tests.test_warm import only_sweep
-from trainer import checkpoint, metrics, tracking
+from trainer import checkpoint, metrics, store
 
 MLFLOW = str(Path(sys.executable).parent / "mlflow")
 
@@ -76,7 +76,7 @@ def test_a_sweep_of_one_and_two_node_shapes_spans_the_nodes(tmp_path, bridge_ser
     experiment = f"nodes-{time.time_ns()}"
     result = sweep([*grid, f"mlflow.experiment={experiment}"], tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
-    client = tracking.client(bridge_server)
+    client = store.client(bridge_server)
     found = client.search_runs([client.get_experiment_by_name(experiment).experiment_id])
     (parent,) = [r for r in found if "mlflow.parentRunId" not in r.data.tags]
     assert parent.info.status == "FINISHED"
@@ -148,4 +148,4 @@ def test_a_node_going_down_mid_sweep_requeues_only_its_point(tmp_path, mlflow_ur
 
 
 def _history(uri: str, run_id: str, key: str):
-    return tracking.client(uri).get_metric_history(run_id, key)
+    return store.client(uri).get_metric_history(run_id, key)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.test_sweeper import SLURM, runs, slurm
-from trainer import checkpoint, metrics, tracking
+from trainer import checkpoint, metrics, store
 
 pytestmark = pytest.mark.mpi
 
@@ -103,7 +103,7 @@ def test_requeued_and_time_limited_jobs_resume_into_the_same_run(tmp_path, mlflo
 
 
 def _history(uri: str, run_id: str, key: str):
-    return tracking.client(uri).get_metric_history(run_id, key)
+    return store.client(uri).get_metric_history(run_id, key)
 
 
 @slurm

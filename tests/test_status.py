@@ -10,7 +10,7 @@ import pytest
 
 from sweeper.status import status_rows
 from tests.test_sweeper import parents
-from trainer import tracking
+from trainer import store
 
 pytestmark = pytest.mark.mpi
 
@@ -26,7 +26,7 @@ def test_status_shows_a_running_sweeps_points_from_another_terminal(idx_dir, mlf
         while time.time() < deadline and proc.poll() is None:
             found = parents(mlflow_uri)
             if found:
-                rows = {p: (s, d) for p, s, d in status_rows(tracking.client(mlflow_uri), found[0])}
+                rows = {p: (s, d) for p, s, d in status_rows(store.client(mlflow_uri), found[0])}
                 if any(s == "running" and d.startswith("epoch ") for s, d in rows.values()):
                     seen = rows
                     break

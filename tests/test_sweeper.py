@@ -16,7 +16,7 @@ from hydra import compose as hydra_compose
 from hydra import initialize_config_dir
 
 from tests.conftest import ROOT
-from trainer import metrics, tracking
+from trainer import metrics, store
 
 pytestmark = pytest.mark.mpi
 FAST = ["epochs=2", "batch_size=50", "data.n_train=200", "data.n_test=50"]
@@ -28,7 +28,7 @@ def sweep(args: list[str], cwd: Path, timeout: float = 240, env: dict | None = N
 
 
 def runs(uri: str):
-    client = tracking.client(uri)
+    client = store.client(uri)
     exp = client.get_experiment_by_name("sweepscale")
     return [] if exp is None else client.search_runs([exp.experiment_id], max_results=1000)
 

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import sqlite3
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
-from trainer import metrics, tracking, uri_check
+from trainer import metrics, store, tracking, uri_check
 
 
 def test_background_run_records_what_a_foreground_one_does(mlflow_uri):
@@ -19,7 +21,7 @@ def test_background_run_records_what_a_foreground_one_does(mlflow_uri):
     recorder.set_tags({"b": 2})  # queued while the run may not exist yet
     recorder.metric(metrics.TRAIN_LOSS, 0.5, 3)
     recorder.finish()
-    run = tracking.client(mlflow_uri).get_run(recorder.run_id)
+    run = store.client(mlflow_uri).get_run(recorder.run_id)
     assert run.info.status == "FINISHED" and run.info.run_name == "r"
     assert run.data.params == {"hidden": "16"}
     assert run.data.tags["a"] == "1" and run.data.tags["b"] == "2"
@@ -41,16 +43,16 @@ def test_an_error_in_the_background_fails_the_run_once(mlflow_uri):
     assert run_id is not None
     recorder.flush()  # the failure path: the queued metrics still land
     tracking.mark_ended(mlflow_uri, run_id, "FAILED", "Traceback: params refused", 0)
-    run = tracking.client(mlflow_uri).get_run(run_id)
+    run = store.client(mlflow_uri).get_run(run_id)
     assert run.info.status == "FAILED" and run.data.metrics == {metrics.TRAIN_LOSS: 0.5}
 
 
 def test_a_run_that_could_not_be_created_is_an_error(tmp_path):
     (tmp_path / "mlflow.db").write_text("not a database")
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    assert tracking.opens_in_background(uri)
-    assert not tracking.opens_in_background(f"sqlite:///{tmp_path / 'missing' / 'mlflow.db'}")
-    assert not tracking.opens_in_background("http://localhost:5000")
+    assert store.opens_in_background(uri)
+    assert not store.opens_in_background(f"sqlite:///{tmp_path / 'missing' / 'mlflow.db'}")
+    assert not store.opens_in_background("http://localhost:5000")
     recorder = tracking.Recorder(uri, "bg", None, {}, background=True)
     with pytest.raises(Exception):  # noqa: B017  SQLAlchemy's or MLflow's, as a foreground opening raises
         recorder.flush()
@@ -151,21 +153,23 @@ def test_a_sigterm_that_a_library_turned_into_its_own_error_still_ends_the_run_k
     finally:
         signal.signal(signal.SIGTERM, before)
     assert sigterm.seen() and status == run.KILLED_STATUS
-    assert tracking.client(mlflow_uri).get_run(recorder.run_id).info.status == "KILLED"
+    assert store.client(mlflow_uri).get_run(recorder.run_id).info.status == "KILLED"
 
 
 OPEN_AT = """
 import sys, time
-from trainer import tracking
+from trainer import store, tracking
 while time.time() < float(sys.argv[2]):  # every process opens the store at the same instant
     pass
-tracking.ensure_experiment(tracking.client(sys.argv[1]), sys.argv[1], "sweepscale")
+store.ensure_experiment(store.client(sys.argv[1]), sys.argv[1], "sweepscale")
 """
 
 
-def test_processes_opening_a_new_sqlite_store_at_once_all_succeed(tmp_path):
+def test_processes_opening_a_new_sqlite_store_at_once_all_succeed(tmp_path, monkeypatch):
     """MLflow creates a new SQLite store's tables with migrations that fail when two processes
-    run them at once (seen: 5 of 8 processes in pairs died so): tracking.client takes turns."""
+    run them at once (seen: 5 of 8 processes in pairs died so): store.client takes turns. First
+    with no template of the empty store (migrations), then with the one the first attempt kept."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     for attempt in range(2):
         uri = f"sqlite:///{tmp_path / f'mlflow{attempt}.db'}"
         at = str(time.time() + 4)  # past every process's imports
@@ -175,7 +179,44 @@ def test_processes_opening_a_new_sqlite_store_at_once_all_succeed(tmp_path):
         ]
         for p in procs:
             assert p.wait(timeout=60) == 0, p.stderr.read()
-        assert [e.name for e in tracking.client(uri).search_experiments()] == ["sweepscale", "Default"]
+        assert [e.name for e in store.client(uri).search_experiments()] == ["sweepscale", "Default"]
+
+
+def test_a_new_store_starts_from_the_kept_empty_schema(tmp_path, monkeypatch):
+    """The first new SQLite store of an MLflow version is kept, empty, as a template; the next new
+    store is its copy: the same schema and version as MLflow's own, its Default experiment made by
+    MLflow for the new store's folder, and it records."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    monkeypatch.chdir(tmp_path / "a")
+    first = store.client(f"sqlite:///{tmp_path / 'a' / 'mlflow.db'}")  # MLflow's default artifacts: ./mlruns
+    import mlflow
+
+    template = store.template_folder() / f"mlflow-{mlflow.__version__}.db"
+    assert template.is_file()
+    with sqlite3.connect(template) as con:  # a mark MLflow ignores: the next store must carry it
+        con.execute("PRAGMA user_version = 31")
+    monkeypatch.chdir(tmp_path / "b")
+    uri = f"sqlite:///{tmp_path / 'b' / 'mlflow.db'}"
+    second = store.client(uri)
+
+    def schema(db: Path) -> tuple:
+        with sqlite3.connect(db) as con:
+            tables = sorted(con.execute("SELECT name, sql FROM sqlite_master"))
+            return tables, con.execute("SELECT version_num FROM alembic_version").fetchall()
+
+    assert schema(tmp_path / "b" / "mlflow.db") == schema(tmp_path / "a" / "mlflow.db") == schema(template)
+    with sqlite3.connect(template) as con:
+        assert con.execute("SELECT count(*) FROM experiments").fetchone() == (0,)
+    with sqlite3.connect(tmp_path / "b" / "mlflow.db") as con:
+        assert con.execute("PRAGMA user_version").fetchone() == (31,)  # a copy, not MLflow's migrations
+    assert first.get_experiment("0").artifact_location == str(tmp_path / "a" / "mlruns" / "0")
+    assert second.get_experiment("0").artifact_location == str(tmp_path / "b" / "mlruns" / "0")
+    run = second.create_run(store.ensure_experiment(second, uri, "sweepscale")).info.run_id
+    second.log_metric(run, "loss", 0.5)
+    second.set_terminated(run)
+    assert store.client(uri).get_run(run).data.metrics == {"loss": 0.5}
 
 
 def test_two_trainers_on_a_new_sqlite_store_both_finish(idx_dir, mlflow_uri, tmp_path):
@@ -190,8 +231,8 @@ def test_two_trainers_on_a_new_sqlite_store_both_finish(idx_dir, mlflow_uri, tmp
     for p in procs:
         out, _ = p.communicate(timeout=120)
         assert p.returncode == 0, out
-    runs = tracking.client(mlflow_uri).search_runs(
-        [tracking.client(mlflow_uri).get_experiment_by_name("sweepscale").experiment_id]
+    runs = store.client(mlflow_uri).search_runs(
+        [store.client(mlflow_uri).get_experiment_by_name("sweepscale").experiment_id]
     )
     assert sorted(r.data.params["seed"] for r in runs) == ["1", "2"]
     assert {r.info.status for r in runs} == {"FINISHED"}
@@ -201,8 +242,8 @@ def test_a_crafted_journal_cannot_upload_files_outside_its_folder(mlflow_uri, tm
     """`python -m sweeper.sync` sends only artifacts the journal copied beside itself (#33)."""
     from trainer import journal
 
-    client = tracking.client(mlflow_uri)
-    run_id = client.create_run(tracking.ensure_experiment(client, mlflow_uri, "sweepscale")).info.run_id
+    client = store.client(mlflow_uri)
+    run_id = client.create_run(store.ensure_experiment(client, mlflow_uri, "sweepscale")).info.run_id
     point = tmp_path / "multirun" / "0"
     j = journal.Journal(point, mlflow_uri, run_id)
     kept = tmp_path / "weights.npz"

@@ -13,7 +13,7 @@ import uuid
 import pytest
 
 from tests.test_sweeper import FAST, sweep
-from trainer import journal, metrics, tracking
+from trainer import journal, metrics, store, tracking
 
 SERVER = os.environ.get("SWEEPSCALE_TEST_SERVER", "http://127.0.0.1:5000")
 DATABASE = os.environ.get("SWEEPSCALE_TEST_DATABASE", "postgresql://mlflow:mlflow@127.0.0.1:5432/mlflow")
@@ -57,7 +57,7 @@ def test_a_sweep_and_its_report_land_in_postgresql(tmp_path):
         f"on r.experiment_id = e.experiment_id where e.name = '{experiment}' and m.key like 'study/%'"
     )
     assert int(summary[0][0]) > 0  # the report's figures, on the parent run
-    client = tracking.client(SERVER)
+    client = store.client(SERVER)
     (parent,) = client.search_runs(
         [client.get_experiment_by_name(experiment).experiment_id], "tags.`mlflow.parentRunId` IS NULL"
     )

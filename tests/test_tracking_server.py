@@ -92,7 +92,7 @@ def test_a_server_gone_at_a_sweeps_end_costs_a_bounded_wait_and_sync_delivers_ev
     """#33 item 1: the server killed while a 2-point sweep trains. The sweep ends in bounded time
     (sweep.store_wait_s per call) with its table and one line saying what waits and the command
     that sends it; after the server is back, `sweeper.sync` ends every run and the parent."""
-    from trainer.tracking import client
+    from trainer.store import client
 
     port = free_port()
     uri = f"http://127.0.0.1:{port}"

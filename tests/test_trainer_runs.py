@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import MPIEXEC, ROOT, compose
-from trainer import data, metrics, model, provenance, tracking
+from trainer import data, metrics, model, provenance, store, tracking
 from trainer.backend import Backend
 from trainer.loop import Schedule, fit
 
@@ -29,7 +29,7 @@ def trainer(args: list[str], cwd: Path, nproc_mpiexec: int | None = None, timeou
 
 
 def only_run(uri: str, experiment: str = "sweepscale"):
-    client = tracking.client(uri)
+    client = store.client(uri)
     exp = client.get_experiment_by_name(experiment)
     runs = client.search_runs([exp.experiment_id])
     assert len(runs) == 1
@@ -164,7 +164,7 @@ def test_experiment_from_environment(idx_dir, mlflow_uri, tmp_path, monkeypatch)
 def test_reference_is_cached_across_nproc(idx_dir, mlflow_uri, tmp_path):
     for nproc in (1, 2):
         assert trainer([*COMMON, f"nproc={nproc}", f"data.dir={idx_dir}"], tmp_path).returncode == 0
-    client = tracking.client(mlflow_uri)
+    client = store.client(mlflow_uri)
     runs = client.search_runs([client.get_experiment_by_name("sweepscale").experiment_id], order_by=["start_time"])
     assert [r.data.tags["sweepscale.reference"] for r in runs] == ["computed", "cached"]
 
@@ -254,7 +254,7 @@ def performance_run(mlflow_uri: str, overrides: list[str], device_name: str, bat
     record_performance(recorder, cfg, model.Layout(784, 2048), backend, phase_ms, 1, options=options, comm="nccl",
                        n_train=38400)  # fmt: skip
     recorder.finish()
-    return tracking.client(mlflow_uri).get_run(recorder.run_id)
+    return store.client(mlflow_uri).get_run(recorder.run_id)
 
 
 def test_utilization_divides_by_the_peak_of_the_arithmetic_used(mlflow_uri):
@@ -288,16 +288,16 @@ def test_utilization_above_one_is_never_logged(mlflow_uri):
 def test_new_and_old_experiments_open_on_the_runs_table(mlflow_uri):
     """MLflow 3's UI opens an experiment on its runs table when its kind tag says custom model
     development: new experiments get it, old ones without it too, a kind set by hand stays."""
-    client = tracking.client(mlflow_uri)
+    client = store.client(mlflow_uri)
     kind = metrics.TAG_EXPERIMENT_KIND
-    new = tracking.ensure_experiment(client, mlflow_uri, "new")
+    new = store.ensure_experiment(client, mlflow_uri, "new")
     assert client.get_experiment(new).tags[kind] == "custom_model_development"
     old = client.create_experiment("old")  # as an earlier version made them
     assert kind not in client.get_experiment(old).tags
-    assert tracking.ensure_experiment(client, mlflow_uri, "old") == old
+    assert store.ensure_experiment(client, mlflow_uri, "old") == old
     assert client.get_experiment(old).tags[kind] == "custom_model_development"
     genai = client.create_experiment("genai", tags={kind: "genai_development"})
-    assert tracking.ensure_experiment(client, mlflow_uri, "genai") == genai
+    assert store.ensure_experiment(client, mlflow_uri, "genai") == genai
     assert client.get_experiment(genai).tags[kind] == "genai_development"
 
 

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from tests.test_sweeper import FAST, SLURM, children_of, parents, runs, slurm, sweep
-from trainer import metrics, tracking
+from trainer import metrics, store
 
 pytestmark = pytest.mark.mpi
 
@@ -31,7 +31,7 @@ def _gpus() -> int:
 
 
 def final_weights(uri: str, run_id: str) -> dict[str, np.ndarray]:
-    path = tracking.client(uri).download_artifacts(run_id, "weights_final.npz")
+    path = store.client(uri).download_artifacts(run_id, "weights_final.npz")
     with np.load(path) as z:
         return {k: z[k] for k in z.files}
 
@@ -180,7 +180,7 @@ def test_slurm_scancel_of_a_chunk_kills_its_points_and_a_rerun_finishes_them(tmp
 
 def test_worker_claims_are_atomic_between_workers(tmp_path):
     """Two workers' rank 0s claim from one queue at once: every ticket is taken exactly once."""
-    from trainer.worker import CLAIMED, TODO, claim
+    from trainer.queue_files import CLAIMED, TODO, claim
 
     queue = tmp_path / "q"
     (queue / TODO).mkdir(parents=True)
@@ -188,7 +188,7 @@ def test_worker_claims_are_atomic_between_workers(tmp_path):
     for i in range(200):
         (queue / TODO / f"{i:06d}").write_text(str(tmp_path / f"p{i}"))
     script = (
-        "import sys; from pathlib import Path; from trainer.worker import claim\n"
+        "import sys; from pathlib import Path; from trainer.queue_files import claim\n"
         "served = set()\n"
         "while (d := claim(Path(sys.argv[1]), sys.argv[2], served)) is not None: print(d.name)\n"
     )
@@ -205,7 +205,7 @@ def test_an_early_worker_waits_for_the_seal_or_for_its_sweeper(tmp_path):
     """Workers start before the sweeper writes the tickets: one waits for the seal and, the queue
     empty, ends; one whose sweeper died first ends too (never waits forever)."""
     from trainer.processes import owner
-    from trainer.worker import CLAIMED, OWNER, SEALED, TODO
+    from trainer.queue_files import CLAIMED, OWNER, SEALED, TODO
 
     def start(queue: Path, owned_by: str) -> subprocess.Popen:
         for sub in (TODO, CLAIMED):
@@ -222,3 +222,22 @@ def test_an_early_worker_waits_for_the_seal_or_for_its_sweeper(tmp_path):
     assert waiting.poll() is None, waiting.communicate()[0]  # its sweeper lives: it waits
     (tmp_path / "sealed" / SEALED).touch()
     assert waiting.wait(timeout=30) == 0, waiting.communicate()[0]
+
+
+def test_the_queue_names_the_data_set_its_workers_load_before_the_seal(tmp_path):
+    """The data hint a queue gives its workers is the key their points' data set is found under:
+    a point trained after the preload finds its data loaded (no second load)."""
+    from sweeper.points import Point
+    from sweeper.runners.warm import Queue
+    from tests.conftest import compose
+    from trainer.queue_files import DATA_HINT
+    from trainer.worker import Datasets
+
+    cfg = compose(["data.n_train=300", "data.n_test=100"])
+    queue = Queue(tmp_path / "q", [Point(0, ["hidden=16"], cfg, tmp_path / "0", "hidden=16")])
+    datasets = Datasets()
+    datasets.preload(queue.env[DATA_HINT])
+    assert len(datasets.loaded) == 1
+    loaded = next(iter(datasets.loaded.values()))
+    assert datasets.get(cfg) is loaded and len(datasets.loaded) == 1
+    assert loaded.x_train.shape[0] == 300

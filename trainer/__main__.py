@@ -10,6 +10,7 @@ from omegaconf import DictConfig
 from trainer.config import register
 from trainer.errors import ConfigError
 from trainer.override_checks import check_old_keys, note_repeated
+from trainer.processes import run_then_exit
 from trainer.run import main as run_main
 
 register()
@@ -29,4 +30,4 @@ if __name__ == "__main__":
     except ConfigError as e:
         print(f"Error: {e}", file=sys.stderr)
         sys.exit(2)
-    main()
+    run_then_exit(main)  # without Python's teardown: a second of the command's time

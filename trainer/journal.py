@@ -139,7 +139,7 @@ class Sender(threading.Thread):
 def send_left(folder: str | os.PathLike) -> list[tuple[Path, str]]:
     """Send every journal under ``folder`` (``python -m sweeper.sync``, a sweep's end): (journal,
     what happened) for each, "sent", "sent, run still open" or the store's error."""
-    from trainer.tracking import client
+    from trainer.store import client
 
     out, away = [], set()
     for path in sorted(Path(folder).rglob(FILE)):

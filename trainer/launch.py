@@ -11,7 +11,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from trainer import metrics, parallel, tracking
+from trainer import metrics, parallel, store
 
 RUN_ID_FILE = "SWEEPSCALE_RUN_ID_FILE"  # where rank 0 writes its run's id for the process that started the ranks
 
@@ -28,13 +28,13 @@ def launch_ranks(cfg: Any, argv: list[str]) -> int:
             del os.environ[RUN_ID_FILE]
         run_id = Path(d, "run_id").read_text() if Path(d, "run_id").exists() else None
     if status and run_id:
-        end_left_running(tracking.tracking_uri(cfg.mlflow.tracking_uri), run_id, status)
+        end_left_running(store.tracking_uri(cfg.mlflow.tracking_uri), run_id, status)
     return status
 
 
 def end_left_running(uri: str, run_id: str, status: int) -> None:
     """End the run FAILED, saying why, unless the ranks ended it."""
-    client = tracking.client(uri)
+    client = store.client(uri)
     if client.get_run(run_id).info.status != "RUNNING":
         return  # the ranks ended it themselves (an error, Ctrl-C)
     cause = f"a rank died before the run ended: mpiexec exited with status {status}"

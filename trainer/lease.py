@@ -19,6 +19,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from trainer import parallel
+
 DIR_ENV, UNITS_ENV = "SWEEPSCALE_LEASE_DIR", "SWEEPSCALE_LEASE"
 RETRY_S = (0.005, 0.02)  # a random pause between tries, so that two waiting worlds do not keep colliding
 
@@ -50,6 +52,7 @@ class Lease:
         t0 = time.perf_counter()
         while True:
             mine = self._try()
+            parallel.wait_for_all(comm)  # a rank that slept longer: the others wait asleep
             if comm.allreduce(int(mine), op=_min()) == 1:
                 return time.perf_counter() - t0
             if mine:

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
-from trainer import console, flops, metrics, model, parallel, tracking
+from trainer import console, flops, metrics, model, parallel, store, tracking
 from trainer.backend import Backend
 from trainer.checkpoint import Checkpoint
 from trainer.contention import TimedSpan
@@ -68,7 +68,7 @@ def start_recording(
         recorder.log_params(params)
         recorder.log_text(text, "config.yaml")
 
-    experiment = tracking.experiment_name(cfg.mlflow.experiment)
+    experiment = store.experiment_name(cfg.mlflow.experiment)
     return tracking.Recorder(uri, experiment, cfg.mlflow.run_name, tags, setup, background, spool=cfg.mlflow.spool_dir)
 
 

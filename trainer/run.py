@@ -27,6 +27,7 @@ from trainer import (
     reference_jobs,
     requeue,
     sigterm,
+    store,
     tracking,
 )
 from trainer import data as data_mod
@@ -56,7 +57,7 @@ def main(cfg: DictConfig, argv: list[str]) -> int:
                 if cfg.gpu[key].value == gpu_only:
                     raise ConfigError(f"gpu.{key}={gpu_only} needs a GPU and none is used here; set gpu.{key}=auto")
         if not parallel.launched_by_mpi():  # the launching process: before any rank starts
-            check_uri(tracking.tracking_uri(cfg.mlflow.tracking_uri))
+            check_uri(store.tracking_uri(cfg.mlflow.tracking_uri))
             limits.check_folders(cfg)
             checkpoint.load(cfg.save.checkpoint_dir, checkpoint.resume_key(cfg))  # another config's: refused
         ds = load_data(cfg)  # bad data is reported here, before any rank starts or trains
@@ -98,7 +99,7 @@ def train_and_defer(
     """Run on every rank: 1 (FAILED) or KILLED_STATUS if training failed, else 0 on ranks > 0 and on
     rank 0 the ended run's check still to land (:class:`PendingCheck`). Rank 0 records; a failure ends
     the run and, in a world of several ranks (the others may wait in a collective), aborts the world."""
-    uri = tracking.tracking_uri(cfg.mlflow.tracking_uri)
+    uri = store.tracking_uri(cfg.mlflow.tracking_uri)
     recorder: tracking.Recorder | None = None
     run_id: str | None = None
     sigterm.install()
@@ -115,12 +116,13 @@ def train_and_defer(
             run_id = recorder.run_id
         elif world.rank == 0:
             # Alone, rank 0 creates the run while it trains; other ranks need its id before (to record a failure).
-            background = world.size == 1 and tracking.opens_in_background(uri)
+            background = world.size == 1 and store.opens_in_background(uri)
             recorder = start_recording(cfg, uri, world, backend, hosts, background)
             run_id = None if background else recorder.run_id
         if world.rank == 0:
             launch.tell_launcher(run_id)
             recorder.set_tags({metrics.TAG_RANK_DEVICES: rank_devices(hosts, devices)})
+        parallel.wait_for_all(world.comm)  # rank 0 creates the run meanwhile
         run_id = world.comm.bcast(run_id)
         try:
             pending = train_on_rank(cfg, options, world, backend, ds, recorder, origin, ckpt)
@@ -246,7 +248,7 @@ def train_on_rank(
     exclusive = cfg.perf.timing == Timing.exclusive
     span = contextlib.nullcontext() if recorder is None else for_run(cfg.mlflow.run_name, exclusive, size, backend.kind)
     with span:  # the batches timed: the host's lock held, what else ran meanwhile noted
-        world.comm.barrier()  # every rank starts its clock once rank 0 has the host
+        parallel.wait_for_all(world.comm)  # every rank starts its clock once rank 0 has the host
         fit(
             *(xp, layout, params, x_train, y_train, schedule, rank, size, allreduce, clock, on_epoch, fault, options),
             fault_kind=cfg.fault.kind.value,

@@ -1,14 +1,8 @@
 """Recording a run in MLflow: rank 0 writes, in batches; any rank can mark the run failed.
-
-The tracking URI and experiment come from the config, else from MLFLOW_TRACKING_URI and
-MLFLOW_EXPERIMENT_NAME, else ``sqlite:///mlflow.db`` and "sweepscale", with artifacts in
-``mlruns/`` beside the SQLite file.
-"""
+Which store, and opening it: trainer/store.py."""
 
 from __future__ import annotations
 
-import fcntl
-import os
 import sys
 import tempfile
 import threading
@@ -18,64 +12,11 @@ from pathlib import Path
 from typing import Any
 
 from trainer import journal, metrics
+from trainer.store import client, ensure_experiment
 
-DEFAULT_URI = "sqlite:///mlflow.db"
-DEFAULT_EXPERIMENT = "sweepscale"
 BATCH = 1000  # MLflow's limit of metrics per log_batch call
 Tags = dict[str, str] | Callable[[], dict[str, str]]  # a run's tags, or a function giving them when it is created
 Setup = Callable[["Recorder"], None]
-
-
-def tracking_uri(configured: str | None) -> str:
-    return configured or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_URI
-
-
-def experiment_name(configured: str | None) -> str:
-    return configured or os.environ.get("MLFLOW_EXPERIMENT_NAME") or DEFAULT_EXPERIMENT
-
-
-def client(uri: str) -> Any:
-    """A client of the store at ``uri``. Processes opening a new SQLite store take turns: MLflow's
-    migrations creating its tables, run by two at once, fail in one of them."""
-    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # no progress bars in the sweep's output
-    from mlflow.tracking import MlflowClient
-
-    if (db := sqlite_file(uri)) is None or not db.parent.is_dir():
-        return MlflowClient(tracking_uri=uri)
-    fd = os.open(db.parent, os.O_RDONLY)  # the database's folder is the lock: no file left behind
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        return MlflowClient(tracking_uri=uri)  # opens the store, creating its tables where missing
-    finally:
-        os.close(fd)
-
-
-def sqlite_file(uri: str) -> Path | None:
-    """The database file of a SQLite store's URI; None for any other store."""
-    return Path(uri[len("sqlite:///") :]).expanduser().resolve() if uri.startswith("sqlite:///") else None
-
-
-def _artifact_root(uri: str) -> str | None:
-    """For a SQLite store, artifacts go to mlruns/ beside the database file."""
-    return None if (db := sqlite_file(uri)) is None else (db.parent / "mlruns").as_uri()
-
-
-def ensure_experiment(mlflow_client: Any, uri: str, name: str) -> str:
-    """The experiment's id, created if missing, with MLflow's experiment kind tag (custom model
-    development; an existing experiment without a kind gets it): without it MLflow 3's UI opens
-    the experiment on its traces page instead of the runs table."""
-    kind = {metrics.TAG_EXPERIMENT_KIND: metrics.EXPERIMENT_KIND}
-    exp = mlflow_client.get_experiment_by_name(name)
-    if exp is None:
-        try:
-            return mlflow_client.create_experiment(name, artifact_location=_artifact_root(uri), tags=kind)
-        except Exception:  # another process created it first
-            exp = mlflow_client.get_experiment_by_name(name)
-            if exp is None:
-                raise
-    if metrics.TAG_EXPERIMENT_KIND not in exp.tags:
-        mlflow_client.set_experiment_tag(exp.experiment_id, metrics.TAG_EXPERIMENT_KIND, metrics.EXPERIMENT_KIND)
-    return exp.experiment_id
 
 
 class Recorder:
@@ -282,12 +223,6 @@ class Recorder:
                 f"{self.journal.folder}` sends it",
                 file=sys.stderr,
             )
-
-
-def opens_in_background(uri: str) -> bool:
-    """Whether a run in ``uri`` may be created while training starts: a SQLite file in an existing
-    folder. Any other store is opened first, so that a wrong URI stops the run before it trains."""
-    return (db := sqlite_file(uri)) is not None and db.parent.is_dir()
 
 
 def mark_ended(uri: str, run_id: str, status: str, error: str, rank: int) -> None:

@@ -1,44 +1,24 @@
-"""What a process does before its work, where that pays: MLflow imported in a thread (seconds),
-and for a warm worker, while the sweeper still opens the store and writes the tickets, the
-trainer's modules and on a GPU the CUDA context, cuBLAS and the fused step's kernels compiled (or
+"""What a warm worker does before its first point, while the sweeper still records the sweep and
+writes the tickets: MLflow imported and the sweep's store opened in a thread (seconds), the
+trainer's modules, and on a GPU the CUDA context, cuBLAS and the fused step's kernels compiled (or
 read from CuPy's cache) for the default config's step, by a few steps of a tiny network."""
 
 from __future__ import annotations
 
-import contextlib
+import os
 import sys
-import threading
 from pathlib import Path
 
 from trainer import lease as leases
-from trainer import parallel
+from trainer import parallel, store
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 
 
-_importing: threading.Thread | None = None
-
-
-def import_mlflow_in_background() -> threading.Thread:
-    """Import MLflow's client in a thread (seconds of imports) while the caller does other work (once
-    per process); join it before the caller's own first use of MLflow (two threads importing it at
-    once can each find the other's circular imports half done)."""
-    global _importing
-
-    def load() -> None:
-        with contextlib.suppress(Exception):  # the caller's own import says why
-            import mlflow.tracking  # noqa: F401
-
-    if _importing is None:
-        _importing = threading.Thread(target=load, name="import-mlflow", daemon=True)
-        _importing.start()
-    return _importing
-
-
 def warm_up(world: parallel.World) -> None:
-    """A warm worker's, before its first point (rank 0 records: it alone imports MLflow)."""
+    """A warm worker's, before its first point (rank 0 records: it alone opens the sweep's store)."""
     if world.rank == 0:
-        import_mlflow_in_background()
+        store.open_ahead(os.environ.get(store.AHEAD))
     import trainer.run  # noqa: F401
 
     lease = leases.from_env(world.local_rank)

@@ -36,49 +36,9 @@ from typing import Any
 
 from trainer import lease as leases
 from trainer import parallel, requeue, sigterm
-from trainer.processes import alive
+from trainer.processes import run_then_exit
+from trainer.queue_files import DATA_HINT, POINT_DATA, claim, data_key, wait_sealed, write_result
 from trainer.warm_up import warm_up
-
-TODO, CLAIMED = "todo", "claimed"
-SEALED = "sealed"  # every ticket is written
-OWNER = "owner"  # "host pid" of the sweeper that fills the queue
-SEAL_POLL_S = 0.01
-POINT_DATA = "point.json"  # beside point.yaml, the config a cold job runs (sweeper/point_files.py)
-RESULT = "result.json"
-
-
-def claim(queue: Path, name: str, served: set[Path]) -> Path | None:
-    """The next point's folder, claimed for worker ``name``; None when the queue is empty. A point
-    this worker claimed before it was requeued (not in ``served``, the claims of this process) and
-    that has no result yet comes first: it resumes from its checkpoint."""
-    for mine in sorted((queue / CLAIMED).glob(f"*.{name}")):
-        point_dir = Path(mine.read_text().strip())
-        if point_dir not in served and not (point_dir / RESULT).exists():
-            served.add(point_dir)
-            return point_dir
-    for ticket in sorted((queue / TODO).iterdir()):
-        try:
-            os.rename(ticket, queue / CLAIMED / f"{ticket.name}.{name}")
-        except FileNotFoundError:  # another worker of this queue took it first
-            continue
-        point_dir = Path((queue / CLAIMED / f"{ticket.name}.{name}").read_text().strip())
-        served.add(point_dir)
-        return point_dir
-    return None
-
-
-def wait_sealed(queue: Path) -> bool:
-    """Block until the queue is sealed (True), or until its owner, a process on this host, is gone
-    (False: the sweeper died before it wrote the tickets)."""
-    try:
-        host, pid = (queue / OWNER).read_text().split()
-    except (OSError, ValueError):
-        host, pid = "", "0"
-    while not (queue / SEALED).exists():
-        if host == socket.gethostname() and not alive(int(pid)):
-            return False
-        time.sleep(SEAL_POLL_S)
-    return True
 
 
 def requeued(status: int) -> bool:
@@ -86,13 +46,6 @@ def requeued(status: int) -> bool:
     from trainer.run import KILLED_STATUS
 
     return status == requeue.REQUEUE_STATUS or (status == KILLED_STATUS and requeue.by_slurm())
-
-
-def write_result(point_dir: Path, status: int, worker: str, seconds: float) -> None:
-    """What the sweeper reads to know the point ended (written last, atomically)."""
-    tmp = point_dir / f".{RESULT}.tmp"
-    tmp.write_text(json.dumps({"status": status, "worker": worker, "seconds": seconds}))
-    os.replace(tmp, point_dir / RESULT)
 
 
 def load_point(point_dir: Path) -> Any:
@@ -122,7 +75,7 @@ def _schema() -> Any:
     return _schema_once().copy()
 
 
-class _Datasets:
+class Datasets:
     """Data sets loaded once per worker: points that differ in the model share one."""
 
     def __init__(self) -> None:
@@ -131,11 +84,20 @@ class _Datasets:
     def get(self, cfg: Any) -> Any:
         from trainer.run import load_data
 
-        d = cfg.data
-        key = (d.dir, d.n_train, d.n_test, cfg.dtype.value, d.scale.value)
-        if key not in self.loaded:
+        if (key := data_key(cfg)) not in self.loaded:
             self.loaded[key] = load_data(cfg)
         return self.loaded[key]
+
+    def preload(self, hint: str | None) -> None:
+        """Load the data set the sweeper's hint names (a point that needs it says what is wrong with it)."""
+        from trainer import data
+
+        try:
+            key = tuple(json.loads(hint)) if hint else None
+            if key is not None and key not in self.loaded:
+                self.loaded[key] = data.load(*key)
+        except Exception:
+            pass
 
 
 def serve(queue: Path, name: str, world: parallel.World) -> int:
@@ -156,10 +118,12 @@ def serve(queue: Path, name: str, world: parallel.World) -> int:
 def _serve(queue: Path, name: str, world: parallel.World, worker: str, waiting: list[tuple[Path, float, Any]]) -> int:
     from trainer.run import KILLED_STATUS
 
-    datasets = _Datasets()
+    datasets = Datasets()
     tf32 = os.environ.get("CUPY_TF32") == "1"  # read by CuPy once: one GEMM mode per worker
     lease = leases.from_env(world.local_rank)
     served: set[Path] = set()  # the points this process claimed
+    datasets.preload(os.environ.get(DATA_HINT))  # while the sweeper records the sweep
+    _say(world, f"data loaded, {len(datasets.loaded)} set(s)")
     if not wait_sealed(queue):
         return 0
     while True:
@@ -188,7 +152,7 @@ def _next_point(
     world: parallel.World,
     worker: str,
     waiting: list,
-    datasets: _Datasets,
+    datasets: Datasets,
     tf32: bool,
     served: set[Path],
 ) -> int | None:
@@ -204,6 +168,7 @@ def _next_point(
 
     point_dir = claim(queue, name, served) if world.rank == 0 else None
     claimed_at = time.time()
+    parallel.wait_for_all(world.comm)  # rank 0 may still record the last point
     point_dir = world.comm.bcast(point_dir)
     if point_dir is None:
         return None
@@ -262,6 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     requeue.arm()  # a warning between points: the worker ends and its requeued job serves the rest
     world = parallel.join_world(args.nproc)
     warm_up(world)
+    _say(world, "warmed up")
     from trainer.run import KILLED_STATUS
     from trainer.sigterm import Terminated
 
@@ -271,9 +237,17 @@ def main(argv: list[str] | None = None) -> int:
         return KILLED_STATUS
 
 
+def _say(world: parallel.World, what: str) -> None:
+    """Where the worker's start-up stands, in its log: seconds since its process started."""
+    from trainer.clock import process_start
+
+    if world.rank == 0:
+        print(f"worker: {what} at {time.time() - process_start():.2f} s", file=sys.stderr, flush=True)
+
+
 def _terminate(_signum: int, _frame: Any) -> None:
     raise KeyboardInterrupt  # before the first point; train_and_record installs its own handler
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_then_exit(main)  # without Python's teardown: half a second of CPU a worker

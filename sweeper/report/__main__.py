@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from trainer import metrics, tracking
+from trainer import metrics, store
 
 
 def find_parents(client: Any, experiment_id: str, ids: list[str]) -> list[Any]:
@@ -66,9 +66,9 @@ def open_experiment(args: argparse.Namespace) -> tuple[Any, str]:
     """The store's client and the experiment's id; without the experiment, an error and exit status 2."""
     from sweeper.records import absolute_uri
 
-    uri = absolute_uri(tracking.tracking_uri(args.tracking_uri))
-    client = tracking.client(uri)
-    name = tracking.experiment_name(args.experiment)
+    uri = absolute_uri(store.tracking_uri(args.tracking_uri))
+    client = store.client(uri)
+    name = store.experiment_name(args.experiment)
     experiment = client.get_experiment_by_name(name)
     if experiment is None:
         print(f"Error: no experiment {name!r} at {uri}; pass --experiment or --tracking-uri", file=sys.stderr)

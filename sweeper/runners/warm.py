@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from sweeper import job_end
 from sweeper.point_job import PointFailedError
-from trainer import worker as protocol
+from trainer import queue_files as protocol
 from trainer.processes import owner
 
 if TYPE_CHECKING:
@@ -48,7 +48,10 @@ class Queue:
 
     @property
     def env(self) -> dict[str, str]:
-        return {"CUPY_TF32": "1"} if self.points[0].trainer.gpu.gemm.value == "tf32" else {}
+        """The workers': CuPy's GEMM mode, and the data set they load while the sweeper records."""
+        t = self.points[0].trainer
+        env = {protocol.DATA_HINT: json.dumps(protocol.data_key(t))}
+        return env | {"CUPY_TF32": "1"} if t.gpu.gemm.value == "tf32" else env
 
     @property
     def mpiexec(self) -> str | None:
