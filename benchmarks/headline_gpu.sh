@@ -62,7 +62,8 @@ for stage in "${@:-after slurm}"; do
         XDG_CACHE_HOME=$(mktemp -d) run newcache_local_epochs3 "$ROOT" "${GRID[@]}" epochs=3 ;;
       before)
         run before_local_epochs50 "$ROOT/.device/before" "${GRID[@]}"
-        run before_local_epochs3 "$ROOT/.device/before" "${GRID[@]}" epochs=3 ;;
+        run before_local_epochs3 "$ROOT/.device/before" "${GRID[@]}" epochs=3
+        run before_local_epochs3_check_all "$ROOT/.device/before" "${GRID[@]}" epochs=3 check.steps=all ;;
       slurm)
         bash scripts/slurm_gpu_node.sh .device/debs >"$RES/slurm_up.log" 2>&1 || { tail -20 "$RES/slurm_up.log"; continue; }
         PYTHONPATH="$ROOT:/tmp/site" python3 -c "

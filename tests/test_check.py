@@ -192,6 +192,27 @@ def test_a_cached_reference_needs_no_process(idx_dir, tmp_path):
     assert reference_jobs._pool is None  # read here: no child started
 
 
+def test_a_prefetched_reference_is_the_one_the_point_then_finds(idx_dir, tmp_path):
+    """A GPU worker starts its queued points' references before their turn (check.prefetch): the
+    point's own check then reads the same weights from the cache, computing nothing."""
+    from tests.conftest import compose
+    from trainer import check
+    from trainer.run import schedule_of
+
+    cfg = compose(["hidden=16", "batch_size=7", "epochs=2", f"check.cache_dir={tmp_path}", "check.steps=4"])
+    ds = data.load(str(idx_dir), 57, None, cfg.dtype.value)
+    schedule = schedule_of(cfg)
+    try:
+        early = check.prefetch(cfg, ds, schedule).result(timeout=120)
+        layout, init = check.first_weights(cfg, ds.n_features)
+        later = check.start(cfg, layout, schedule, init, ds, 4).result(timeout=60)
+    finally:
+        reference_jobs.shutdown()
+    assert not early.cached and later.cached and later.key == early.key
+    np.testing.assert_array_equal(later.params, early.params)
+    assert check.prefetch(compose(["check.reference=false"]), ds, schedule) is None
+
+
 SUBMIT = """
 import sys, time
 import numpy as np

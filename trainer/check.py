@@ -13,6 +13,8 @@ import numpy as np
 from omegaconf import DictConfig
 
 from trainer import console, metrics, model, reference, reference_jobs, tracking
+from trainer.config import check_steps
+from trainer.data import N_CLASSES
 from trainer.loop import Schedule
 from trainer.sigterm import Terminated
 
@@ -29,6 +31,27 @@ def start(
 
     x, y = ds.x_train, ds.y_train
     return reference_jobs.submit(x, y, ds.fingerprint, key, layout, init, schedule, steps, cfg.check.cache_dir)
+
+
+def first_weights(cfg: DictConfig, n_features: int) -> tuple[model.Layout, np.ndarray]:
+    """The network's shape and initial weights for this config: the run's, and its reference's."""
+    layout = model.Layout(D=n_features, H=cfg.hidden, C=N_CLASSES)
+    return layout, model.init_params(layout, cfg.seed, cfg.dtype.value, cfg.model.init.value)
+
+
+def steps_checked(cfg: DictConfig, n_samples: int, schedule: Schedule) -> int:
+    """How many steps the CPU check compares: 0 without a check."""
+    return reference.steps_of(check_steps(cfg.check.steps), n_samples, schedule) if cfg.check.reference else 0
+
+
+def prefetch(cfg: DictConfig, ds: Any, schedule: Schedule) -> reference_jobs.Job | None:
+    """Start the reference of a point still queued (a GPU worker's, trainer/worker.py): it lands in
+    the cache, where the point's own check finds it, or waits for it (one lock per key), instead of
+    computing it after the point trained. None: the point has no check."""
+    if not (steps := steps_checked(cfg, len(ds.y_train), schedule)):
+        return None
+    layout, init = first_weights(cfg, ds.n_features)
+    return start(cfg, layout, schedule, init, ds, steps)
 
 
 def compare(recorder: tracking.Recorder, job: reference_jobs.Job, layout: model.Layout, weights: np.ndarray) -> float:

@@ -32,10 +32,10 @@ from trainer import (
 )
 from trainer import data as data_mod
 from trainer.backend import Backend, gpu_count, pinned, select
-from trainer.check import PendingCheck
+from trainer.check import PendingCheck, first_weights, steps_checked
 from trainer.check import start as start_reference
 from trainer.clock import PhaseClock, process_start
-from trainer.config import Divergence, Gemm, Timing, check_steps, validate
+from trainer.config import Divergence, Gemm, Timing, validate
 from trainer.contention import for_run
 from trainer.errors import ConfigError
 from trainer.loop import STEP_PHASES, EpochResult, Schedule, Snapshot, check_finite, fit
@@ -181,9 +181,8 @@ def train_on_rank(
     land once the reference is there; other ranks None."""
     origin = process_start() if origin is None else origin
     xp, on_gpu = backend.xp, backend.kind == "gpu"
-    layout = model.Layout(D=ds.n_features, H=cfg.hidden, C=data_mod.N_CLASSES)
+    layout, init = first_weights(cfg, ds.n_features)
     schedule = schedule_of(cfg)
-    init = model.init_params(layout, cfg.seed, cfg.dtype.value, cfg.model.init.value)
     params = xp.array(init if ckpt is None else ckpt.params)  # a copy: init is kept for the reference and the artifact
     if cfg.data.on_device or not on_gpu:
         x_train, y_train = xp.asarray(ds.x_train), xp.asarray(ds.y_train)
@@ -196,9 +195,7 @@ def train_on_rank(
         options.comm, world, on_gpu, backend.n_devices, xp, n, dtype, options.beside_gemm, options.nccl_window
     )
     overlap = options.overlap and allreduce.via == "nccl"  # NCCL alone can overlap
-    job, steps = None, 0
-    if cfg.check.reference:  # the CPU check compares the weights after the first `steps` steps
-        steps = reference.steps_of(check_steps(cfg.check.steps), len(ds.y_train), schedule)
+    job, steps = None, steps_checked(cfg, len(ds.y_train), schedule)  # the check compares the first `steps`
     snapshot = Snapshot(steps) if 0 < steps < reference.steps_of("all", len(ds.y_train), schedule) else None
     if snapshot is not None and ckpt is not None and ckpt.snapshot.size:  # taken before the job was requeued
         snapshot.weights = ckpt.snapshot

@@ -37,7 +37,7 @@ from typing import Any
 from trainer import lease as leases
 from trainer import parallel, requeue, sigterm
 from trainer.processes import run_then_exit
-from trainer.queue_files import DATA_HINT, POINT_DATA, claim, data_key, wait_sealed, write_result
+from trainer.queue_files import DATA_HINT, POINT_DATA, TODO, claim, data_key, wait_sealed, write_result
 from trainer.warm_up import warm_up
 
 
@@ -126,6 +126,8 @@ def _serve(queue: Path, name: str, world: parallel.World, worker: str, waiting: 
     _say(world, f"data loaded, {len(datasets.loaded)} set(s)")
     if not wait_sealed(queue):
         return 0
+    if world.rank == 0:
+        _prefetch_checks(queue, world, datasets)
     while True:
         if _settle(waiting, worker, block=False) == KILLED_STATUS:
             return KILLED_STATUS
@@ -144,6 +146,23 @@ def _serve(queue: Path, name: str, world: parallel.World, worker: str, waiting: 
             return _settle(waiting, worker, block=True) or status
         if status == KILLED_STATUS or sigterm.seen():  # SIGTERM: serve no other point
             return KILLED_STATUS
+
+
+def _prefetch_checks(queue: Path, world: parallel.World, datasets: Datasets) -> None:
+    """On a GPU, the queued points' CPU references start now, on the cores the GPU leaves idle:
+    the last point's check no longer trails its training (trainer/check.py)."""
+    from trainer.backend import select
+    from trainer.check import prefetch
+    from trainer.run import schedule_of
+
+    for ticket in sorted((queue / TODO).iterdir()):
+        try:
+            cfg = load_point(Path(ticket.read_text().strip()))
+            ds = datasets.loaded.get(data_key(cfg))
+            if ds is not None and select(cfg.device, world.local_rank).kind == "gpu":
+                prefetch(cfg, ds, schedule_of(cfg))
+        except Exception:  # claimed meanwhile, or a point that will say itself what is wrong with it
+            continue
 
 
 def _next_point(
