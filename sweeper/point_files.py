@@ -21,13 +21,16 @@ if TYPE_CHECKING:
     from sweeper.runners.base import Job
 
 
-def prepare(point: Point, uri: str, experiment: str, parent_id: str, sweep_id: str, checkpoints: bool) -> None:
+def prepare(
+    point: Point, uri: str, experiment: str, parent_id: str, sweep_id: str, checkpoints: bool, resume_from: str = ""
+) -> None:
     """Fill in where the child run is recorded (and with ``checkpoints``, where its trainer keeps
-    them: the point's folder), and write the point's config for its job."""
+    them: the point's folder, or ``resume_from``, an earlier sweep's point folder whose checkpoint
+    it goes on from), and write the point's config for its job."""
     t = point.trainer
     with open_dict(t):
         if checkpoints:
-            t.save.checkpoint_dir = str(point.dir.resolve())
+            t.save.checkpoint_dir = resume_from or str(point.dir.resolve())
         t.mlflow.tracking_uri = uri
         t.mlflow.experiment = experiment
         t.mlflow.parent_run_id = parent_id

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import shlex
 import socket
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from sweeper.config import FLAGS
+from sweeper.points import NOT_NAMES, Point
 from sweeper.report.study import POINTS_ARTIFACT
 from trainer import metrics, store
 from trainer.processes import alive, owner
@@ -35,6 +39,32 @@ class SweepRecord:
         return {
             r.data.tags[metrics.TAG_CONFIG_HASH]: r.info.run_id for r in runs if metrics.TAG_CONFIG_HASH in r.data.tags
         }
+
+    def checkpointed(self, keys: dict[str, str]) -> dict[str, tuple[str, str, int]]:
+        """config hash -> (run id, checkpoint folder, epoch) of a run of it that stopped before its end
+        (FAILED at a time limit, KILLED by Ctrl-C or scancel) and left a checkpoint of its own: the
+        next sweep resumes it there, in the same run, instead of starting again at epoch 1.
+        ``keys``: config hash -> the point's checkpoint key (trainer/checkpoint.py)."""
+        from trainer import checkpoint
+
+        runs = self.client.search_runs(
+            [self.experiment_id],
+            filter_string="attributes.status != 'FINISHED'",
+            max_results=50000,
+            order_by=["attributes.start_time DESC"],
+        )
+        found: dict[str, tuple[str, str, int]] = {}
+        for r in runs:
+            h, folder = r.data.tags.get(metrics.TAG_CONFIG_HASH), r.data.params.get("save.checkpoint_dir")
+            if r.info.status not in ("FAILED", "KILLED") or h not in keys or h in found or folder in (None, "None"):
+                continue
+            try:
+                ckpt = checkpoint.load(folder, keys[h])
+            except Exception:  # another config's, or unreadable: the point starts afresh
+                continue
+            if ckpt is not None and ckpt.run_id == r.info.run_id:
+                found[h] = (r.info.run_id, folder, ckpt.epoch)
+        return found
 
     def start_parent(
         self, sweep_id: str, name: str, overrides: list[str], points: list[dict], scheduler: str, extra: dict[str, str]
@@ -65,11 +95,13 @@ class SweepRecord:
         if self.parent_id:
             self.client.set_terminated(self.parent_id, status)
 
-    def close_orphans(self, live: Callable[[list[str]], set[str]]) -> tuple[list[str], dict[str, tuple[str, str]]]:
+    def close_orphans(
+        self, live: Callable[[list[str]], set[str]]
+    ) -> tuple[list[tuple[str, str]], dict[str, tuple[str, str]]]:
         """Sweeps of this host whose sweeper is gone (SIGKILL, a closed session) left their parent and
         children RUNNING: end them KILLED, saying why, but for a run whose scheduler job still runs
-        (``live``, the runner's answer), which goes on and ends itself. Returns the sweep ids closed,
-        and the runs going on: config hash -> (run id, job), for the sweep not to submit them again."""
+        (``live``, the runner's answer), which goes on and ends itself. Returns the sweeps closed (id,
+        folder), and the runs going on: config hash -> (run id, job), for the sweep not to submit them again."""
         host = socket.gethostname()
         running = self.client.search_runs(
             [self.experiment_id],
@@ -95,7 +127,7 @@ class SweepRecord:
                 self.client.set_terminated(run.info.run_id, "KILLED")
             self.client.set_tag(parent.info.run_id, metrics.TAG_ERROR, why)
             self.client.set_terminated(parent.info.run_id, "KILLED")
-            closed.append(parent.data.tags.get(metrics.TAG_SWEEP_DIR, sweep_id))
+            closed.append((sweep_id, parent.data.tags.get(metrics.TAG_SWEEP_DIR, sweep_id)))
         return closed, going_on
 
     def abandon(self, error: BaseException) -> None:
@@ -121,3 +153,24 @@ class SweepRecord:
                 self.client.set_terminated(run.info.run_id, "KILLED")
                 killed.append(name)
         return killed
+
+
+def parent_name(points: list[Point], overrides: list[str]) -> str:
+    """``sweep hidden x nproc · epochs=3 · data mnist``: what the sweep varies, as its points' names
+    say, then what sets it apart from another sweep of the same axes: the command's fixed keys and
+    the data set."""
+    keys = list(dict.fromkeys(part.split("=", 1)[0] for p in points for part in p.name.split(",") if "=" in part))
+    parts = ["sweep " + " x ".join(keys) if len(points) > 1 and keys else f"sweep {points[0].name}"]
+    for o in overrides:
+        key, _, value = o.lstrip("+~").partition("=")
+        if value and key not in keys and not key.startswith(NOT_NAMES) and key != "data.dir":
+            parts.append(f"{key}={value}")
+    data = points[0].trainer.data.dir
+    parts.append(f"data {Path(data).name}" if data else "data embedded digits")
+    return " · ".join(parts)[:250]
+
+
+def command_line() -> str:
+    """The command as the user typed it (our --dry-run/--force shorthands given back)."""
+    flags = {v: k for k, v in FLAGS.items()}
+    return shlex.join(["python", "-m", "sweeper", *(flags.get(a, a) for a in sys.argv[1:])])

@@ -7,8 +7,6 @@ conf -> expand (Hydra) -> plan resources (the launcher's runner) -> submit (subm
 from __future__ import annotations
 
 import os
-import shlex
-import sys
 import traceback
 import uuid
 from pathlib import Path
@@ -16,12 +14,12 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from sweeper import display, timeline
+from sweeper import display, records, timeline
 from sweeper.collect import collect, offline
-from sweeper.config import FLAGS, validate_sweep
+from sweeper.config import validate_sweep
 from sweeper.plan import plan
 from sweeper.point_files import prepare
-from sweeper.points import NOT_NAMES, Point
+from sweeper.points import Point
 from sweeper.records import SweepRecord, absolute_uri
 from sweeper.report import drawing
 from sweeper.runners.base import Runner, SchedulerAwayError, make_runner
@@ -30,6 +28,7 @@ from sweeper.runners.warm import withdraw_unclaimed
 from sweeper.timeline import phase
 from sweeper.watch import watch
 from trainer import data, journal, limits, metrics, provenance, store, uri_check
+from trainer.checkpoint import resume_key
 
 
 def run_sweep(base: DictConfig, points: list[Point], sweep_dir: Path, overrides: list[str]) -> int:
@@ -142,10 +141,11 @@ def open_sweep(
     the parent run and write each point's config: the points to run, the hashes of those done
     before (-> their runs) and the points an earlier sweep's live job trains (index -> its job)."""
     closed, going_on = record.close_orphans(runner.live)
-    for folder in closed:
-        display.console.print(f"sweep {folder}: its sweeper is gone; its runs left RUNNING are now KILLED")
-        if going_on:  # its live jobs end after the points they train: this sweep runs the rest
-            withdraw_unclaimed(Path(folder))
+    for dead_id, folder in closed:  # its live jobs end after the points they train: this sweep runs the rest
+        cancelled = runner.cancel_pending(f"sweepscale-{dead_id}")
+        withdraw_unclaimed(Path(folder))
+        said = f"; its pending jobs {', '.join(cancelled)} cancelled" if cancelled else ""
+        display.console.print(f"sweep {folder}: its sweeper is gone; its runs left RUNNING are now KILLED{said}")
     done_before = resume(record, points, force)
     earlier = {
         p.index: (p, EarlierJob(record.client, *going_on[p.config_hash], runner.live))
@@ -161,8 +161,12 @@ def open_sweep(
         f"sweep {sweep_id}: {len(todo)} point(s) to run, MLflow parent run {parent_id}, folder {sweep_dir}"
     )
     display.console.print(f"ranks start: {runner.ranks_start}")
+    stopped = record.checkpointed({p.config_hash: resume_key(p.trainer) for p in todo}) if runner.checkpoints else {}
     for p in todo:
-        prepare(p, record.uri, record.experiment, parent_id, sweep_id, runner.checkpoints)
+        run_id, folder, epoch = stopped.get(p.config_hash, ("", "", 0))
+        if run_id:
+            display.console.print(f"resume {p.name}: run {run_id} goes on from its checkpoint of epoch {epoch}")
+        prepare(p, record.uri, record.experiment, parent_id, sweep_id, runner.checkpoints, folder)
     return todo, done_before, earlier
 
 
@@ -251,12 +255,14 @@ def start_parent(
         {"name": p.name, "config_hash": p.config_hash, "reused_run": done_before.get(p.config_hash)} for p in points
     ]
     extra = {
-        metrics.TAG_COMMAND: command_line(),
+        metrics.TAG_COMMAND: records.command_line(),
         metrics.TAG_SWEEP_DIR: str(sweep_dir),
         metrics.TAG_RANKS_START: runner.ranks_start,
         **provenance.code_tags(),
     }
-    return record.start_parent(sweep_id, parent_name(points, overrides), overrides, planned, runner.scheduler, extra)
+    return record.start_parent(
+        sweep_id, records.parent_name(points, overrides), overrides, planned, runner.scheduler, extra
+    )
 
 
 def write_report(record: SweepRecord, sweep_dir: Path) -> Any:
@@ -273,24 +279,3 @@ def write_report(record: SweepRecord, sweep_dir: Path) -> Any:
         display.console.print("  retry with: python -m sweeper.report latest")
         return None
     return report
-
-
-def parent_name(points: list[Point], overrides: list[str]) -> str:
-    """``sweep hidden x nproc · epochs=3 · data mnist``: what the sweep varies, as its points' names
-    say, then what sets it apart from another sweep of the same axes: the command's fixed keys and
-    the data set."""
-    keys = list(dict.fromkeys(part.split("=", 1)[0] for p in points for part in p.name.split(",") if "=" in part))
-    parts = ["sweep " + " x ".join(keys) if len(points) > 1 and keys else f"sweep {points[0].name}"]
-    for o in overrides:
-        key, _, value = o.lstrip("+~").partition("=")
-        if value and key not in keys and not key.startswith(NOT_NAMES) and key != "data.dir":
-            parts.append(f"{key}={value}")
-    data = points[0].trainer.data.dir
-    parts.append(f"data {Path(data).name}" if data else "data embedded digits")
-    return " · ".join(parts)[:250]
-
-
-def command_line() -> str:
-    """The command as the user typed it (our --dry-run/--force shorthands given back)."""
-    flags = {v: k for k, v in FLAGS.items()}
-    return shlex.join(["python", "-m", "sweeper", *(flags.get(a, a) for a in sys.argv[1:])])

@@ -158,3 +158,91 @@ def test_a_live_job_of_a_killed_sweeper_is_not_submitted_twice(tmp_path, mlflow_
         by_name.setdefault(r.info.run_name.split(" · ")[0], []).append(r.info.status)  # parents: what they sweep
     assert by_name["epochs=1000"] == ["FINISHED"] and by_name["epochs=2"] == ["FINISHED"], by_name  # once each
     assert sorted(by_name["sweep epochs"]) == ["FINISHED", "KILLED"]  # the new parent, the orphan closed
+
+
+@slurm
+def test_a_sweep_run_again_resumes_a_time_limited_point_in_its_run(tmp_path, mlflow_uri):
+    """#33 item 13: its requeues spent, a point's run ends FAILED at the time limit ("raise
+    launcher.timeout_min or resume"); the same sweep again goes on from the point's checkpoint in
+    that same run, to its end: every step logged once, the stop's error gone, the run the new
+    sweep's, nothing left RUNNING."""
+    runs(mlflow_uri)
+    point = ["hidden=64", "nproc=1", "epochs=400", "batch_size=50", "data.n_train=200", "data.n_test=50"]
+    cmd = [sys.executable, "-m", "sweeper", "-m", *point, *SLURM, "launcher.max_requeues=0"]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    job = ""
+    try:
+        wait_for("a checkpoint", lambda: any(tmp_path.glob(f"multirun/*/*/0/{checkpoint.FILE}")))
+        (link,) = tmp_path.glob("multirun/*/*/0/stderr.log")
+        job = Path(os.readlink(link)).parent.name
+        subprocess.run(["scancel", "--signal=USR2", job], check=True)  # the time-limit warning
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+        if job:
+            subprocess.run(["scancel", job], capture_output=True, check=False)
+    assert proc.returncode == 1, out
+    stopped = child(mlflow_uri)
+    assert (
+        stopped.info.status == "FAILED"
+        and "raise launcher.timeout_min or resume" in stopped.data.tags[metrics.TAG_ERROR]
+    )
+    epoch = int(stopped.data.tags[metrics.TAG_ERROR].split("time limit after epoch ")[1].split()[0])
+    assert 1 <= epoch < 400, "the run ended before the warning: make its epochs longer"
+
+    again = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert f"goes on from its checkpoint of epoch {epoch}" in again.stdout, again.stdout
+    run = child(mlflow_uri)
+    assert run.info.run_id == stopped.info.run_id and run.info.status == "FINISHED"
+    assert metrics.TAG_ERROR not in run.data.tags
+    parents = [r for r in runs(mlflow_uri) if "mlflow.parentRunId" not in r.data.tags]
+    newest = max(parents, key=lambda r: r.info.start_time)
+    assert run.data.tags["mlflow.parentRunId"] == newest.info.run_id
+    assert sorted(r.info.status for r in parents) == ["FAILED", "FINISHED"]
+    steps = sorted(m.step for m in _history(mlflow_uri, run.info.run_id, metrics.TRAIN_LOSS))
+    assert steps == list(range(400 * 4))  # 200 samples in batches of 50: nothing lost, nothing twice
+
+
+def pending_jobs(job_name: str) -> list[str]:
+    out = subprocess.run(["squeue", "-h", "--me", "-o", "%A|%j|%T"], capture_output=True, text=True).stdout
+    rows = [line.split("|") for line in out.splitlines() if line.count("|") == 2]
+    return sorted(job for job, name, state in rows if name.split(":")[0] == job_name and state == "PENDING")
+
+
+@slurm
+def test_a_killed_sweepers_pending_jobs_are_cancelled_by_the_next_sweep(tmp_path, mlflow_uri):
+    """#33 item 11: the sweeper SIGKILLed while its jobs still wait in Slurm's queue; the same sweep
+    again cancels them (they would train its points a second time) and runs every point once."""
+    runs(mlflow_uri)
+    grid = ["hidden=8,16", "epochs=2", "batch_size=50", "data.n_train=200", "data.n_test=50", *SLURM]
+    held = [*grid, "+launcher.sbatch_args={begin: 'now+600'}"]  # its jobs pend (BeginTime)
+    first = subprocess.Popen(
+        [sys.executable, "-m", "sweeper", "-m", *held],
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
+    )
+    waiting: list[str] = []
+    try:
+        wait_for("the parent run", lambda: len(runs(mlflow_uri)) == 1)
+        name = f"sweepscale-{runs(mlflow_uri)[0].data.tags[metrics.TAG_SWEEP_ID]}"
+        wait_for("its jobs pending", lambda: bool(pending_jobs(name)))
+        waiting = pending_jobs(name)
+        first.kill()
+        first.wait()
+        again = subprocess.run(
+            [sys.executable, "-m", "sweeper", "-m", *grid], cwd=tmp_path, capture_output=True, text=True, timeout=240
+        )
+    finally:
+        first.kill()
+        for job in waiting:
+            subprocess.run(["scancel", job], capture_output=True, check=False)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert f"its pending jobs {', '.join(waiting)} cancelled" in again.stdout, again.stdout
+    assert not pending_jobs(name) and all(not job_state(job) for job in waiting)
+    by_name: dict[str, list[str]] = {}
+    for r in runs(mlflow_uri):
+        by_name.setdefault(r.info.run_name.split(" · ")[0], []).append(r.info.status)
+    assert by_name["hidden=8"] == ["FINISHED"] and by_name["hidden=16"] == ["FINISHED"], by_name  # once each
+    assert sorted(by_name["sweep hidden"]) == ["FINISHED", "KILLED"], by_name  # the new parent, the orphan closed

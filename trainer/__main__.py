@@ -7,6 +7,7 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
+from trainer import parallel
 from trainer.config import register
 from trainer.errors import ConfigError
 from trainer.override_checks import check_old_keys, note_repeated
@@ -30,4 +31,8 @@ if __name__ == "__main__":
     except ConfigError as e:
         print(f"Error: {e}", file=sys.stderr)
         sys.exit(2)
-    run_then_exit(main)  # without Python's teardown: a second of the command's time
+    # A rank ends the usual way: ended at once, its world was now and then killed by MPICH's mpiexec.
+    if parallel.launched_by_mpi():
+        main()
+    else:
+        run_then_exit(main)  # without Python's teardown: a second of the command's time

@@ -53,9 +53,7 @@ def start_recording(
         metrics.TAG_WARM: "false",  # a warm worker's tags (in cfg.mlflow.tags) say otherwise
         **{f"sweepscale.version.{k}": v for k, v in backend.versions.items()},
     }
-    configured = dict(cfg.mlflow.tags)
-    if cfg.mlflow.parent_run_id:
-        configured["mlflow.parentRunId"] = cfg.mlflow.parent_run_id
+    configured = configured_tags(cfg)
 
     def tags() -> dict[str, str]:
         from trainer import provenance  # git and importlib.metadata: with the run's creation, off the first batch's way
@@ -72,25 +70,32 @@ def start_recording(
     return tracking.Recorder(uri, experiment, cfg.mlflow.run_name, tags, setup, background, spool=cfg.mlflow.spool_dir)
 
 
-def resume_recording(
-    uri: str, ckpt: Checkpoint, hosts: list[str], epochs: int, spool: str | None = None
-) -> tracking.Recorder:
-    """The checkpoint's run, RUNNING again (a requeued or restarted job goes on where it stopped);
-    the checkpoint's own epoch is logged again in case the store never got it (the recorder drops
-    what it holds)."""
+def configured_tags(cfg: DictConfig) -> dict[str, str]:
+    """The run's tags that its config sets: the sweep's (its id, warm worker) and its parent run."""
+    configured = dict(cfg.mlflow.tags)
+    if cfg.mlflow.parent_run_id:
+        configured["mlflow.parentRunId"] = cfg.mlflow.parent_run_id
+    return configured
+
+
+def resume_recording(uri: str, ckpt: Checkpoint, hosts: list[str], cfg: DictConfig) -> tracking.Recorder:
+    """The checkpoint's run, RUNNING again (a requeued or restarted job goes on where it stopped, or
+    a later sweep resumes it: the run joins that sweep); the checkpoint's own epoch is logged again
+    in case the store never got it (the recorder drops what it holds)."""
     from trainer import provenance
 
     tags = {
+        **configured_tags(cfg),
         metrics.TAG_RESUMED_FROM_EPOCH: str(ckpt.epoch),
         metrics.TAG_RESTARTS: os.environ.get("SLURM_RESTART_COUNT", "0"),
         "sweepscale.hosts": ",".join(sorted(set(hosts))),
         **provenance.job_tags(),
     }
-    recorder = tracking.Recorder(uri, "", None, tags, resume=ckpt.run_id, spool=spool)
+    recorder = tracking.Recorder(uri, "", None, tags, resume=ckpt.run_id, spool=cfg.mlflow.spool_dir)
     precision = None if np.isnan(ckpt.precision) else ckpt.precision
     first = ckpt.iteration - len(ckpt.losses)
     record_epoch(recorder, EpochResult(ckpt.epoch, first, ckpt.losses, ckpt.batch_sizes, ckpt.seconds), precision)
-    console.resumed(ckpt.run_id, ckpt.epoch, epochs)
+    console.resumed(ckpt.run_id, ckpt.epoch, cfg.epochs)
     return recorder
 
 

@@ -112,7 +112,7 @@ def train_and_defer(
         key = checkpoint.resume_key(cfg)  # rank 0 reads, the others get it: one view of the folder
         ckpt = world.comm.bcast(checkpoint.load(cfg.save.checkpoint_dir, key) if world.rank == 0 else None)
         if world.rank == 0 and ckpt is not None:  # a requeued or restarted job: the same run goes on
-            recorder = resume_recording(uri, ckpt, hosts, cfg.epochs, cfg.mlflow.spool_dir)
+            recorder = resume_recording(uri, ckpt, hosts, cfg)
             run_id = recorder.run_id
         elif world.rank == 0:
             # Alone, rank 0 creates the run while it trains; other ranks need its id before (to record a failure).

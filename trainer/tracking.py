@@ -76,7 +76,10 @@ class Recorder:
         self.client = client(self.uri)
         self._run_id = run_id
         self.client.update_run(run_id, status="RUNNING")
-        for key in self.client.get_run(run_id).data.metrics:
+        run = self.client.get_run(run_id)
+        if metrics.TAG_ERROR in run.data.tags:  # the stop it resumes from is no longer its end
+            self.client.delete_tag(run_id, metrics.TAG_ERROR)
+        for key in run.data.metrics:
             self._logged |= {(key, m.step) for m in self.client.get_metric_history(run_id, key)}
         self._start_journal()
         self.set_tags(tags)

@@ -269,4 +269,7 @@ def _terminate(_signum: int, _frame: Any) -> None:
 
 
 if __name__ == "__main__":
+    # A rank ends the usual way: ended at once, its world was now and then killed by MPICH's mpiexec.
+    if parallel.launched_by_mpi():
+        sys.exit(main())
     run_then_exit(main)  # without Python's teardown: half a second of CPU a worker

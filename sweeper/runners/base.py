@@ -87,6 +87,11 @@ class Runner(Protocol):
         elapsed time); empty where there is no scheduler."""
         ...
 
+    def cancel_pending(self, job_name: str) -> list[str]:
+        """Cancel the jobs a dead sweeper of this name left waiting in the scheduler's queue (they
+        would train points the sweep that closed it runs); their ids. None where nothing waits."""
+        ...
+
     def release(self, job: Job) -> None:
         """The job is done: give its resources back."""
         ...
@@ -113,6 +118,9 @@ class WithoutScheduler:
 
     def accounting(self, job_ids: list[str]) -> dict[str, str]:
         return {}
+
+    def cancel_pending(self, job_name: str) -> list[str]:
+        return []
 
 
 def make_runner(launcher: DictConfig, sweep_dir: Path, job_name: str) -> Runner:

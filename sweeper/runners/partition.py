@@ -167,6 +167,21 @@ def accounting(job_ids: list[str]) -> dict[str, str]:
     return {job: f"{state.split()[0]} {elapsed}" for job, state, elapsed in rows}
 
 
+def cancel_pending(job_name: str) -> list[str]:
+    """Cancel this user's jobs still pending under the sweep's job name (``<name>:nproc=N``, set by
+    sbatch.py): a dead sweeper's, whose points the sweep that closed it runs. Their ids."""
+    cmd = ["squeue", "-h", "--me", "-t", "PENDING", "-o", "%A|%j"]
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    rows = [line.split("|", 1) for line in out.splitlines() if "|" in line]
+    ids = sorted({job for job, name in rows if name.split(":", 1)[0] == job_name})
+    if ids:
+        subprocess.run(["scancel", *ids], capture_output=True, timeout=30, check=False)
+    return ids
+
+
 def _unknown(kind: str, name: str) -> bool:
     """Whether Slurm's accounting answers and has no ``kind`` (account, qos) of this name."""
     try:

@@ -281,6 +281,9 @@ class SlurmRunner:
     def accounting(self, job_ids: list[str]) -> dict[str, str]:
         return partition.accounting(job_ids)
 
+    def cancel_pending(self, job_name: str) -> list[str]:
+        return partition.cancel_pending(job_name)
+
     def release(self, job: Job) -> None:
         pass  # Slurm holds the resources
 

@@ -91,11 +91,14 @@ class Queue:
 
 
 def withdraw_unclaimed(sweep_dir: Path) -> int:
-    """The tickets no worker of an earlier sweep (its sweeper gone) has claimed: removed, so that its
-    live workers end after their points and the sweep that closed it runs the rest. Returns how many."""
+    """The tickets no worker of an earlier sweep (its sweeper gone) has claimed: removed, and its
+    queues sealed, so that its live workers end after their points (and one still waiting for its
+    tickets ends at once) while the sweep that closed it runs the rest. Returns how many."""
     tickets = list(sweep_dir.glob(f".submitit/queues/*/{protocol.TODO}/*"))
     for ticket in tickets:
         ticket.unlink(missing_ok=True)
+    for queue in sweep_dir.glob(".submitit/queues/*"):
+        (queue / protocol.SEALED).touch()
     return len(tickets)
 
 
