@@ -151,10 +151,12 @@ def _serve(queue: Path, name: str, world: parallel.World, worker: str, waiting: 
 def _prefetch_checks(queue: Path, world: parallel.World, datasets: Datasets) -> None:
     """On a GPU, the queued points' CPU references start now, on the cores the GPU leaves idle:
     the last point's check no longer trails its training (trainer/check.py)."""
-    from trainer.backend import select
+    from trainer.backend import gpu_count, select
     from trainer.check import prefetch
     from trainer.run import schedule_of
 
+    if gpu_count() == 0:  # a CPU worker's references run after their points' timed batches, on its cores
+        return
     for ticket in sorted((queue / TODO).iterdir()):
         try:
             cfg = load_point(Path(ticket.read_text().strip()))
