@@ -508,6 +508,9 @@ def test_two_sweeps_given_one_folder_write_two(tmp_path, mlflow_uri):
         assert p.returncode == 0, out
     yamls = sorted(tmp_path.glob("multirun/same*/0/point.yaml"))
     assert [y.parent.parent.name for y in yamls] == ["same", "same-1"]
+    for y in yamls:  # Hydra's multirun.yaml beside the points it names (#33 item 8)
+        hidden = next(line for line in y.read_text().splitlines() if line.startswith("hidden:")).split()[1]
+        assert f"hidden={hidden}" in (y.parent.parent / "multirun.yaml").read_text()
     assert {"hidden: 8", "hidden: 16"} == {
         next(line for line in y.read_text().splitlines() if line.startswith("hidden:")) for y in yamls
     }

@@ -68,12 +68,15 @@ class SweepscaleLauncher(Launcher):
 
 
 OWNER_FILE = ".sweepscale"  # created exclusively: the sweep that creates it owns the folder
+_CLAIMED: set[Path] = set()  # this process's: the sweeper claims the folder, the launcher finds it claimed
 
 
 def claim_folder(base: Path) -> Path:
     """A sweep folder no other sweep writes: ``base``, or ``base-1``, ``base-2``... when another sweep
     (started in the same second, or given the same hydra.sweep.dir) holds it; its points' configs
-    would otherwise overwrite each other's."""
+    and Hydra's multirun.yaml would otherwise overwrite each other's."""
+    if base in _CLAIMED:
+        return base
     for n in itertools.count():
         folder = base if n == 0 else base.with_name(f"{base.name}-{n}")
         folder.mkdir(parents=True, exist_ok=True)
@@ -81,6 +84,7 @@ def claim_folder(base: Path) -> Path:
             os.close(os.open(folder / OWNER_FILE, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
         except FileExistsError:
             continue
+        _CLAIMED.add(folder)
         return folder
     raise AssertionError("unreachable")
 

@@ -17,8 +17,12 @@ from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 
 class SweepscaleSweeper(BasicSweeper):
     def sweep(self, arguments: list[str]) -> Any:
-        """BasicSweeper's, once the sweep's folder is known to take files: Hydra would fail writing
-        its multirun.yaml there with a traceback naming no key."""
+        """BasicSweeper's, once the sweep's folder is known to take files (Hydra would fail writing
+        its multirun.yaml there with a traceback naming no key) and is this sweep's alone: another
+        started in the same second gets the next one, before Hydra writes its multirun.yaml."""
+        from omegaconf import open_dict
+
+        from hydra_plugins.sweepscale_launcher.launcher import claim_folder, release_folder
         from trainer.errors import ConfigError
         from trainer.limits import check_writable
 
@@ -27,7 +31,14 @@ class SweepscaleSweeper(BasicSweeper):
         except ConfigError as e:
             print(f"Error: {e}", file=sys.stderr)
             sys.exit(2)
-        return super().sweep(arguments)
+        folder = claim_folder(Path(str(self.config.hydra.sweep.dir)).resolve())
+        with open_dict(self.config):  # the launcher shares this config: it finds the folder claimed
+            self.config.hydra.sweep.dir = str(folder)
+        try:
+            return super().sweep(arguments)
+        except BaseException:  # refused before any point ran (a bad override): no empty folder left
+            release_folder(folder)
+            raise
 
     def validate_batch_is_legal(self, batch: Sequence[Sequence[str]]) -> None:
         """The same early check, the same errors: every point composed, most by the fast path."""
