@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from sweeper.config import FLAGS
+from sweeper.folders import ending_note
 from sweeper.points import NOT_NAMES, Point
 from sweeper.report.study import POINTS_ARTIFACT
 from trainer import metrics, store
@@ -114,7 +115,8 @@ class SweepRecord:
             if alive(pid):
                 continue
             sweep_id = parent.data.tags[metrics.TAG_SWEEP_ID]
-            why = f"its sweeper (pid {pid} on {host}) ended without closing the sweep's runs"
+            folder = parent.data.tags.get(metrics.TAG_SWEEP_DIR, "")
+            why = ending_note(folder) or f"its sweeper (pid {pid} on {host}) ended without closing the sweep's runs"
             kids = [r for r in self.children(sweep_id).values() if r.info.status == "RUNNING"]
             kids = [r for r in kids if r.info.run_id != parent.info.run_id]
             jobs = {r.info.run_id: r.data.tags.get(metrics.TAG_SLURM_JOB, "") for r in kids}

@@ -6,6 +6,7 @@ conf -> expand (Hydra) -> plan resources (the launcher's runner) -> submit (subm
 
 from __future__ import annotations
 
+import logging
 import os
 import traceback
 import uuid
@@ -34,6 +35,7 @@ from trainer.checkpoint import resume_key
 def run_sweep(base: DictConfig, points: list[Point], sweep_dir: Path, overrides: list[str]) -> int:
     """Run the points Hydra expanded; the exit status: 0 all finished, 1 some failed, 130 interrupted."""
     launcher, opts = base.launcher, base.sweep
+    logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)  # its errors reach us raised: said in a line
     store.open_ahead()  # seconds of imports, beside the planning
     with phase("plan"):  # every check before anything is submitted or recorded
         validate_sweep(base)

@@ -6,9 +6,6 @@ each point, then hands all of them to sweeper.sweep.run_sweep, which groups them
 
 from __future__ import annotations
 
-import contextlib
-import itertools
-import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -29,11 +26,12 @@ class SweepscaleLauncher(Launcher):
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         from hydra_plugins.sweepscale_launcher.compose import PointComposer
+        from sweeper.folders import DISK_FULL, claim_folder, note_end, release_folder
         from sweeper.plan import trainer_config
         from sweeper.points import Point, labels
         from sweeper.sweep import run_sweep
         from sweeper.timeline import phase
-        from trainer.errors import ConfigError
+        from trainer.errors import ConfigError, disk_full
 
         sweep_dir = claim_folder(Path(str(self.config.hydra.sweep.dir)).resolve())
         points = []
@@ -56,8 +54,12 @@ class SweepscaleLauncher(Launcher):
             release_folder(sweep_dir)  # refused before anything started: no empty sweep folder left
             print(f"Error: {e}", file=sys.stderr)
             sys.exit(2)
-        except BaseException:  # Hydra's own refusals (an unknown key, a value of the wrong type), Ctrl-C
+        except BaseException as e:  # Hydra's own refusals (an unknown key, a value of the wrong type), Ctrl-C
             release_folder(sweep_dir)
+            if full := disk_full(e):  # a line, not MLflow's and SQLAlchemy's tracebacks
+                note_end(sweep_dir, f"its sweeper stopped: the disk was full ({full})")
+                print(f"Error: {DISK_FULL.format(folder=sweep_dir, error=full)}", file=sys.stderr)
+                sys.exit(1)
             raise
         if status:
             sys.exit(status)
@@ -65,36 +67,3 @@ class SweepscaleLauncher(Launcher):
             JobReturn(overrides=list(p.overrides), cfg=p.trainer, status=JobStatus.COMPLETED, _return_value=0)
             for p in points
         ]
-
-
-OWNER_FILE = ".sweepscale"  # created exclusively: the sweep that creates it owns the folder
-_CLAIMED: set[Path] = set()  # this process's: the sweeper claims the folder, the launcher finds it claimed
-
-
-def claim_folder(base: Path) -> Path:
-    """A sweep folder no other sweep writes: ``base``, or ``base-1``, ``base-2``... when another sweep
-    (started in the same second, or given the same hydra.sweep.dir) holds it; its points' configs
-    and Hydra's multirun.yaml would otherwise overwrite each other's."""
-    if base in _CLAIMED:
-        return base
-    for n in itertools.count():
-        folder = base if n == 0 else base.with_name(f"{base.name}-{n}")
-        folder.mkdir(parents=True, exist_ok=True)
-        try:
-            os.close(os.open(folder / OWNER_FILE, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
-        except FileExistsError:
-            continue
-        _CLAIMED.add(folder)
-        return folder
-    raise AssertionError("unreachable")
-
-
-def release_folder(folder: Path) -> None:
-    """Remove a claimed sweep folder that holds nothing but its claim and Hydra's multirun.yaml, and
-    its date folder if emptied."""
-    if folder.is_dir() and {p.name for p in folder.iterdir()} <= {OWNER_FILE, "multirun.yaml"}:
-        for name in (OWNER_FILE, "multirun.yaml"):
-            (folder / name).unlink(missing_ok=True)
-        folder.rmdir()
-        with contextlib.suppress(OSError):  # another sweep's folder is in it
-            folder.parent.rmdir()

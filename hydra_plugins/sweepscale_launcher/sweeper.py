@@ -22,7 +22,7 @@ class SweepscaleSweeper(BasicSweeper):
         started in the same second gets the next one, before Hydra writes its multirun.yaml."""
         from omegaconf import open_dict
 
-        from hydra_plugins.sweepscale_launcher.launcher import claim_folder, release_folder
+        from sweeper.folders import claim_folder, release_folder
         from trainer.errors import ConfigError
         from trainer.limits import check_writable
 
@@ -43,7 +43,7 @@ class SweepscaleSweeper(BasicSweeper):
     def validate_batch_is_legal(self, batch: Sequence[Sequence[str]]) -> None:
         """The same early check, the same errors: every point composed, most by the fast path."""
         from hydra_plugins.sweepscale_launcher.compose import PointComposer
-        from hydra_plugins.sweepscale_launcher.launcher import release_folder
+        from sweeper.folders import release_folder
 
         composer = PointComposer(self.hydra_context.config_loader, self.config)
         try:

@@ -1,0 +1,67 @@
+"""A sweep's folder (hydra.sweep.dir): claimed by one sweep alone, released when refused, and the
+line a sweep that could not close its runs leaves there for the next one.
+
+The claim is a file created exclusively in the folder; Hydra's sweeper claims it before Hydra
+writes its multirun.yaml there, the launcher finds it claimed (hydra_plugins/sweepscale_launcher/).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+from pathlib import Path
+
+NOTE_BYTES = 512
+DISK_FULL = (
+    "the disk is full where the sweep writes ({error}; its folder {folder}): what it could not record stays "
+    "RUNNING until the next sweep closes it. Free space, then run the sweep again: its finished points are kept"
+)
+OWNER_FILE = ".sweepscale"  # created exclusively: the sweep that creates it owns the folder
+_CLAIMED: set[Path] = set()  # this process's: the sweeper claims the folder, the launcher finds it claimed
+
+
+def claim_folder(base: Path) -> Path:
+    """A sweep folder no other sweep writes: ``base``, or ``base-1``, ``base-2``... when another sweep
+    (started in the same second, or given the same hydra.sweep.dir) holds it; its points' configs
+    and Hydra's multirun.yaml would otherwise overwrite each other's."""
+    if base in _CLAIMED:
+        return base
+    for n in itertools.count():
+        folder = base if n == 0 else base.with_name(f"{base.name}-{n}")
+        folder.mkdir(parents=True, exist_ok=True)
+        try:
+            fd = os.open(folder / OWNER_FILE, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            continue
+        with os.fdopen(fd, "wb") as f:  # room for note_end, written where a full disk gives no more
+            f.write(b" " * NOTE_BYTES)
+        _CLAIMED.add(folder)
+        return folder
+    raise AssertionError("unreachable")
+
+
+def release_folder(folder: Path) -> None:
+    """Remove a claimed sweep folder that holds nothing but its claim and Hydra's multirun.yaml, and
+    its date folder if emptied."""
+    if folder.is_dir() and {p.name for p in folder.iterdir()} <= {OWNER_FILE, "multirun.yaml"}:
+        for name in (OWNER_FILE, "multirun.yaml"):
+            (folder / name).unlink(missing_ok=True)
+        folder.rmdir()
+        with contextlib.suppress(OSError):  # another sweep's folder is in it
+            folder.parent.rmdir()
+
+
+def note_end(folder: Path, why: str) -> None:
+    """Say in the claim why this sweep leaves its runs unclosed (its store cannot be written): written
+    over the claim's own bytes, which a full disk still takes. The next sweep closes the runs with it."""
+    with contextlib.suppress(OSError), open(folder / OWNER_FILE, "r+b") as f:
+        f.write(why.encode()[:NOTE_BYTES].ljust(NOTE_BYTES))
+
+
+def ending_note(folder: str | Path) -> str:
+    """What :func:`note_end` left in a sweep's folder ("" where nothing, or no such folder)."""
+    try:
+        return (Path(folder) / OWNER_FILE).read_bytes()[:NOTE_BYTES].decode(errors="replace").strip()
+    except OSError:
+        return ""
