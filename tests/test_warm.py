@@ -241,3 +241,25 @@ def test_the_queue_names_the_data_set_its_workers_load_before_the_seal(tmp_path)
     loaded = next(iter(datasets.loaded.values()))
     assert datasets.get(cfg) is loaded and len(datasets.loaded) == 1
     assert loaded.x_train.shape[0] == 300
+
+
+@pytest.mark.gpu
+def test_a_gpu_worker_prefetches_its_queued_points_references(tmp_path, mlflow_uri):
+    """On a GPU the worker starts every queued point's CPU reference when the queue is sealed: the
+    points after the first find theirs in the cache (written by the prefetch, or waited for), each
+    run's check lands, and its error is the one a sweep without the prefetch gets (the cold run)."""
+    if _gpus() < 1:
+        pytest.skip("needs a CUDA GPU")
+    args = ["hidden=16,24,32", *FAST, "device=gpu", "launcher.gpus=1", "check.steps=3"]
+    result = sweep(args, tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    kids = only_sweep(mlflow_uri)
+    assert len(kids) == 3 and {r.data.tags[metrics.TAG_CHECK] for r in kids.values()} == {"done"}
+    by_start = sorted(kids.values(), key=lambda r: r.info.start_time)
+    assert {r.data.tags["sweepscale.reference"] for r in by_start[1:]} == {"cached"}
+    cold_uri = f"sqlite:///{tmp_path / 'cold.db'}"
+    fresh = [f"mlflow.tracking_uri={cold_uri}", f"check.cache_dir={tmp_path / 'cold-cache'}"]  # computed anew
+    cold = sweep([*args, "launcher.warm=false", *fresh], tmp_path)
+    assert cold.returncode == 0, cold.stdout + cold.stderr
+    for name, run in only_sweep(cold_uri).items():
+        assert run.data.metrics[metrics.weight_error("max")] == kids[name].data.metrics[metrics.weight_error("max")]
