@@ -78,8 +78,10 @@ def summary(outcomes: list[Outcome], report: Any = None) -> None:
     best = report.best.name if report is not None and report.best is not None else None
     table = Table(title="sweep summary" + (" (best in bold)" if best else ""))
     jobs, contended = any(o.job for o in outcomes), False
+    restarts = {o.name: _restarts(o) for o in outcomes}
+    requeued = any(restarts.values())  # Slurm requeued a point's job (a time limit, preemption, a lost node)
     columns = ["point", "status", "final loss", "precision", "max weight err", "samples/s", "speedup", "run id"]
-    for col in columns + (["job"] if jobs else []):
+    for col in columns + (["restarts"] if requeued else []) + (["job"] if jobs else []):
         table.add_column(col, overflow="fold")
     for o in outcomes:
         m = o.run.data.metrics if o.run is not None else {}
@@ -103,6 +105,7 @@ def summary(outcomes: list[Outcome], report: Any = None) -> None:
             fmt(metrics.SAMPLES_PER_S, ",.0f"),
             speedup,
             o.run.info.run_id if o.run is not None else "-",
+            *([str(restarts[o.name])] if requeued else []),
             *([o.job or "-"] if jobs else []),
         ]
         table.add_row(*cells, style="bold" if o.name == best else None)
@@ -113,6 +116,12 @@ def summary(outcomes: list[Outcome], report: Any = None) -> None:
         if o.error or (o.status not in ("FINISHED", "SKIPPED") and o.log):
             why = "\n  ".join(o.error.strip().splitlines())
             console.print(f"[red]{o.name}[/red] {o.status}: {why}" + (f"\n  log: {o.log}" if o.log else ""))
+
+
+def _restarts(o: Outcome) -> int:
+    """How often Slurm restarted the job of the point's run (the trainer's tag at its last resume)."""
+    found = o.run.data.tags.get(metrics.TAG_RESTARTS, "0") if o.run is not None else "0"
+    return int(found) if found.isdigit() else 0
 
 
 def closing(report: Any, uri: str, experiment_id: str, parent_id: str) -> None:

@@ -62,7 +62,8 @@ def test_requeued_and_time_limited_jobs_resume_into_the_same_run(tmp_path, mlflo
     runs(mlflow_uri)  # create the store first: polling must not race the sweeper's schema set-up
     never_ends = ["hidden=16", "nproc=2", "epochs=100000", "batch_size=50", "data.n_train=200", "data.n_test=50"]
     cmd = [sys.executable, "-m", "sweeper", "-m", *never_ends, *SLURM, "launcher.max_requeues=2"]
-    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    wide = {**os.environ, "COLUMNS": "250"}  # the closing table unfolded
+    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=wide)
     job = ""
     try:
         wait_for("a checkpoint", lambda: any(tmp_path.glob(f"multirun/*/*/0/{checkpoint.FILE}")))
@@ -100,6 +101,9 @@ def test_requeued_and_time_limited_jobs_resume_into_the_same_run(tmp_path, mlflo
     epoch_steps = sorted(m.step for m in _history(mlflow_uri, run_id, metrics.TRAIN_LOSS_EPOCH))
     assert epoch_steps == list(range(1, epochs + 1))
     assert {r.info.status for r in runs(mlflow_uri)} == {"FAILED"}  # the parent too; nothing RUNNING
+    header = next(line for line in out.splitlines() if "restarts" in line).split("┃")
+    row = next(line for line in out.splitlines() if line.startswith("│ hidden=16")).split("│")
+    assert row[[h.strip() for h in header].index("restarts")].strip() == "2", out  # the closing table shows them
 
 
 def _history(uri: str, run_id: str, key: str):
