@@ -9,6 +9,7 @@ from typing import Any
 
 from rich.console import Console
 from rich.live import Live
+from rich.markup import escape
 from rich.table import Table
 
 from trainer import metrics
@@ -45,7 +46,7 @@ class Progress:
         if self.live:
             self.live.update(f"[bold]sweep[/bold] {text}  [dim]{time.monotonic() - self.t0:.0f} s[/dim]")
         elif text != self.last:
-            console.print(f"[sweep {time.monotonic() - self.t0:6.1f} s] {text}")
+            console.print(escape(f"[sweep {time.monotonic() - self.t0:6.1f} s] {text}"))  # brackets, not markup
         self.last = text
 
 

@@ -42,14 +42,16 @@ def watch(
             while True:  # at least one step: with nothing to run, it tells early workers so
                 step(runner, flight)
                 failed = sum(e is not None for e in flight.finished.values())
+                pending = runner.pending()
+                waiting = min(len(flight.running), sum(pending.values())) if runner.job_a_point else 0  # not started
                 counts = {
-                    "queued": len(flight.queued),
-                    "running": len(flight.running),
+                    "queued": len(flight.queued) + waiting,
+                    "running": len(flight.running) - waiting,
                     "done": len(flight.finished) - failed,
                     "failed": failed,
                     "skipped": skipped,
                 }
-                progress.update(counts, runner.pending())
+                progress.update(counts, pending)
                 if not (flight.queued or flight.running):
                     break
                 time.sleep(poll_s)

@@ -308,6 +308,18 @@ def test_a_cold_slurm_points_job_column_is_what_sacct_says_of_its_array_task(tmp
 
 
 @slurm
+def test_cold_points_slurm_holds_count_as_queued(tmp_path, mlflow_uri):
+    """#33 item 15: while Slurm holds a cold sweep's array tasks (here 5 s, BeginTime), the progress
+    line counts them queued, beside Slurm's reason, not running."""
+    held = ["launcher.warm=false", "+launcher.sbatch_args={begin: 'now+5'}"]
+    result = sweep(["hidden=16,32", "nproc=1", *FAST, *SLURM, *held], tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    progress = [line for line in result.stdout.splitlines() if line.startswith("[sweep ")]
+    assert any("queued 2" in line and "jobs pending: 2 BeginTime" in line for line in progress), progress
+    assert not any("running" in line and "jobs pending: 2" in line for line in progress), progress
+
+
+@slurm
 def test_slurm_failing_point_leaves_others_finished(tmp_path, mlflow_uri):
     result = sweep(["hidden=16", "nproc=1,2", *FAST, *SLURM, "fault.rank=1", "fault.iteration=1"], tmp_path)
     assert result.returncode == 1

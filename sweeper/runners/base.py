@@ -44,6 +44,7 @@ class Runner(Protocol):
 
     scheduler: ClassVar[str]  # recorded on the parent run (tag sweepscale.scheduler)
     checkpoints: ClassVar[bool]  # a job may stop and run again (a requeue): its trainer checkpoints every epoch
+    job_a_point: bool  # each pending job is a point waiting (cold), not a warm worker's allocation
 
     @property
     def ranks_start(self) -> str:
@@ -109,6 +110,8 @@ class Runner(Protocol):
 class WithoutScheduler:
     """What a runner whose jobs are this machine's processes says of a scheduler's queue and
     accounts: nothing waits, nothing outlives its sweeper, nobody keeps accounts."""
+
+    job_a_point = False  # nothing waits in a scheduler's queue here
 
     def pending(self) -> dict[str, int]:
         return {}

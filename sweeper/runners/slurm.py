@@ -44,6 +44,7 @@ class SlurmRunner:
     def __init__(self, launcher: DictConfig, folder: Path, job_name: str) -> None:
         self.launcher, self.folder, self.job_name = launcher, folder, job_name
         self.pool = WarmPool(folder, launcher.max_restarts) if launcher.warm else None
+        self.job_a_point = self.pool is None
         self._partition: partition.Partition | None = None
         self.away: SchedulerAwayError | None = None  # Slurm does not answer here: a preview goes on without it
         self._bootstrap: bootstrap.Bootstrap | None = None
