@@ -233,6 +233,8 @@ def test_a_killed_sweepers_pending_jobs_are_cancelled_by_the_next_sweep(tmp_path
         name = f"sweepscale-{runs(mlflow_uri)[0].data.tags[metrics.TAG_SWEEP_ID]}"
         wait_for("its jobs pending", lambda: bool(pending_jobs(name)))
         waiting = pending_jobs(name)
+        comments = subprocess.run(["squeue", "-h", "-o", "%k", "-j", ",".join(waiting)], capture_output=True, text=True)
+        assert comments.stdout.split() == ["0:hidden=8+hidden=16"], comments  # one allocation, its points (item 15)
         first.kill()
         first.wait()
         again = subprocess.run(

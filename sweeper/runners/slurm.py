@@ -34,7 +34,6 @@ if TYPE_CHECKING:
     from sweeper.runners.base import Job
 
 PENDING_POLL_S = 5.0  # squeue, for the progress line's pending jobs: gently on a busy controller
-RESULT_WAIT_S = 3  # submitit's default, 15 s, delays the news of every killed job (a shared FS's lag is less)
 
 
 class SlurmRunner:
@@ -192,7 +191,7 @@ class SlurmRunner:
         shares = share(self.launcher.array_parallelism, [len(todo) for todo in by_shape.values()])
         for (shape, todo), at_once in zip(by_shape.items(), shares):
             calls = [(run_point, str(p.dir), self.env(shape), self.launch(shape)) for p in todo]
-            jobs = self._submit(shape, 1, calls, at_once)
+            jobs = self._submit(shape, 1, calls, at_once, [[p.name] for p in todo])
             for p, job in zip(todo, jobs):
                 queued.remove(p)
                 started.append((p, job))
@@ -214,7 +213,9 @@ class SlurmRunner:
             names = [pool.new_name() for _ in qs]
             env, launch = {**q.env, **self.env(shape)}, self.launch(shape)
             calls = [(run_worker, str(q.dir), n, q.nproc, q.mpiexec, env, launch) for q, n in zip(qs, names)]
-            jobs = self._submit(shape, max(len(q.points) for q in qs), calls, at_once)
+            jobs = self._submit(
+                shape, max(len(q.points) for q in qs), calls, at_once, [[p.name for p in q.points] for q in qs]
+            )
             for q, name, job in zip(qs, names, jobs):
                 q.workers[name] = job
                 console.print(f"slurm job {job.job_id} ({shape.describe()}): {', '.join(p.name for p in q.points)}")
@@ -228,22 +229,14 @@ class SlurmRunner:
             env.update(parallel.mpiexec_settings(one_host=shape.nodes == 1))
         return env
 
-    def _submit(self, shape: Shape, n_points: int, calls: list[tuple], at_once: int) -> list[Job]:
+    def _submit(
+        self, shape: Shape, n_points: int, calls: list[tuple], at_once: int, points: list[list[str]]
+    ) -> list[Job]:
         """One job array of ``calls`` (function, arguments), each allocation timed for ``n_points``,
-        ``at_once`` of them running at a time."""
-        import submitit  # heavy: only once there is something to submit
+        ``at_once`` of them running at a time; ``points``: each call's points, for its comment."""
+        from sweeper.runners.slurm_job import submit_array  # submitit is heavy: once there is something to submit
 
-        from sweeper.runners.slurm_job import SlurmJob
-
-        executor = submitit.SlurmExecutor(folder=str(self.folder / "%j"))
-        executor.update_parameters(**self.parameters(shape, n_points, at_once))
-        with executor.batch():
-            jobs = [executor.submit(fn, *args) for fn, *args in calls]
-        for job in jobs:
-            for task in [job, *job._sub_jobs]:
-                # submitit makes array tasks of its own class, whatever the executor's job_class says
-                task.__class__ = SlurmJob  # a job requeued after its node failed is watched on
-                task._results_timeout_s = RESULT_WAIT_S  # submitit's wait for the result a killed job never writes
+        jobs = submit_array(self.folder / "%j", self.parameters(shape, n_points, at_once), calls, points)
         self.submitted += [job.job_id for job in jobs]
         self.jobs.update({job.job_id: job for job in jobs})
         return jobs
