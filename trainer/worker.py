@@ -96,7 +96,7 @@ class Datasets:
             key = tuple(json.loads(hint)) if hint else None
             if key is not None and key not in self.loaded:
                 self.loaded[key] = data.load(*key)
-        except Exception:
+        except Exception:  # a hint only: the point that needs the data set loads it again and says why
             pass
 
 
