@@ -330,17 +330,13 @@ def test_slurm_failing_point_leaves_others_finished(tmp_path, mlflow_uri):
 
 @slurm
 def test_slurm_failing_setup_line_fails_the_point(tmp_path, mlflow_uri):
-    # No restarts: a setup line fails every allocation alike.
-    args = [
-        "hidden=16",
-        *FAST,
-        *SLURM,
-        "launcher.setup=['module load nosuchmodule','false']",
-        "launcher.max_restarts=0",
-    ]
+    """A setup line fails every allocation alike: the job is not submitted again (#33 item 15: it
+    was, max_restarts times), and the point fails with the line."""
+    args = ["hidden=16", *FAST, *SLURM, "launcher.setup=['module load nosuchmodule','false']"]
     result = sweep(args, tmp_path)
     assert result.returncode == 1, result.stdout + result.stderr
     assert "the setup line failed" in result.stdout
+    assert len([line for line in result.stdout.splitlines() if line.startswith("slurm job ")]) == 1, result.stdout
     (parent,) = parents(mlflow_uri)
     assert parent.info.status == "FAILED" and children_of(mlflow_uri, parent.info.run_id) == {}
 

@@ -69,10 +69,13 @@ def slurm_parameters(
     return params
 
 
+SETUP_FAILED = "the setup line failed"  # in a job's log: any restart of it would fail alike
+
+
 def guarded(line: str) -> str:
     """A setup line that ends the job when it fails (sbatch scripts go on past a failing line, and
     the point would then run without, say, its module)."""
-    message = shlex.quote(f"sweepscale: the setup line failed: {line} (launcher.setup)")
+    message = shlex.quote(f"sweepscale: {SETUP_FAILED}: {line} (launcher.setup)")
     return f"{line} || {{ echo {message} >&2; exit 1; }}"
 
 

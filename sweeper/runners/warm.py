@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from sweeper import job_end
 from sweeper.point_job import PointFailedError
+from sweeper.runners.sbatch import SETUP_FAILED
 from trainer import queue_files as protocol
 from trainer.processes import owner
 
@@ -243,6 +244,8 @@ class WarmPool:
                 q.last_ended = job
                 if self.stopping or "CANCELLED" in how:  # scancel, Ctrl-C, a time limit: no restart
                     q.given_up = f"CANCELLED: the worker's job was cancelled before this point ran ({how})"
+                elif SETUP_FAILED in how:  # the same lines fail every allocation: no restart
+                    q.given_up = how
                 elif job.exception() is not None:
                     q.restarts += 1
                     if q.restarts > self.max_restarts:
