@@ -129,7 +129,7 @@ class SweepRecord:
                 self.client.set_terminated(run.info.run_id, "KILLED")
             self.client.set_tag(parent.info.run_id, metrics.TAG_ERROR, why)
             self.client.set_terminated(parent.info.run_id, "KILLED")
-            closed.append((sweep_id, parent.data.tags.get(metrics.TAG_SWEEP_DIR, sweep_id)))
+            closed.append((sweep_id, folder or sweep_id))
         return closed, going_on
 
     def abandon(self, error: BaseException) -> None:

@@ -24,7 +24,7 @@ OWNER = "owner"  # "host pid" of the sweeper that fills the queue
 SEAL_POLL_S = 0.01
 POINT_DATA = "point.json"  # beside point.yaml, the config a cold job runs (sweeper/point_files.py)
 RESULT = "result.json"
-DATA_HINT = "SWEEPSCALE_DATA"  # the queue's data set (Datasets.key as JSON): loaded while the sweeper records
+DATA_HINT = "SWEEPSCALE_DATA"  # the queue's data set (data_key as JSON): loaded while the sweeper records
 
 
 def claim(queue: Path, name: str, served: set[Path]) -> Path | None:

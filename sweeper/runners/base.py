@@ -90,7 +90,7 @@ class Runner(Protocol):
 
     def cancel_pending(self, job_name: str) -> list[str]:
         """Cancel the jobs a dead sweeper of this name left waiting in the scheduler's queue (they
-        would train points the sweep that closed it runs); their ids. None where nothing waits."""
+        would train points the sweep that closed it runs); their ids, empty where nothing waits."""
         ...
 
     def release(self, job: Job) -> None:
