@@ -310,8 +310,9 @@ def test_a_cold_slurm_points_job_column_is_what_sacct_says_of_its_array_task(tmp
 @slurm
 def test_cold_points_slurm_holds_count_as_queued(tmp_path, mlflow_uri):
     """#33 item 15: while Slurm holds a cold sweep's array tasks (here 5 s, BeginTime), the progress
-    line counts them queued, beside Slurm's reason, not running."""
-    held = ["launcher.warm=false", "+launcher.sbatch_args={begin: 'now+5'}"]
+    line counts them queued, beside Slurm's reason, not running (also before the scheduler has
+    looked at them: their reason is then "None", and CI saw that as running)."""
+    held = ["launcher.warm=false", "+launcher.sbatch_args={begin: 'now+12'}"]
     result = sweep(["hidden=16,32", "nproc=1", *FAST, *SLURM, *held], tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     progress = [line for line in result.stdout.splitlines() if line.startswith("[sweep ")]

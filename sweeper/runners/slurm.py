@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 
     from sweeper.runners.base import Job
 
+NOT_YET = "not yet scheduled"  # how the progress line names squeue's reason "None" for a pending job
 PENDING_POLL_S = 5.0  # squeue, for the progress line's pending jobs: gently on a busy controller
 
 
@@ -254,7 +255,8 @@ class SlurmRunner:
         except (OSError, subprocess.TimeoutExpired):
             return counts
         rows = [line.strip().split("|") for line in out.splitlines() if line.count("|") == 2]
-        counts = dict(Counter(reason for _, state, reason in rows if state == "PENDING" and reason != "None"))
+        # a job the scheduler has not looked at yet says "None": it waits all the same
+        counts = dict(Counter(NOT_YET if r == "None" else r for _, state, r in rows if state == "PENDING"))
         listed = {job_id for job_id, _, _ in rows}
         for job_id in [j for j in self.submitted if j not in listed]:  # until sacct, which lags, says so too
             if self.jobs[job_id].done(force_check=True):
