@@ -555,3 +555,29 @@ def test_the_headline_grid_at_defaults_converges_on_the_embedded_digits(tmp_path
         assert row["status"] == "FINISHED" and row["diverged"] == "", (name, row["diverged"])
         assert float(row["final_precision"]) > 0.8 and float(row["final_loss"]) < 0.3, (name, row)
         assert row["check"] == "done" and float(row["weight_error_max"]) < 1e-3
+
+
+def test_ctrl_c_twice_at_the_terminal_says_it_in_lines_not_tracebacks(tmp_path, mlflow_uri):
+    """#33 item 10: a terminal's Ctrl-C reaches its whole foreground process group (here the
+    sweeper's own session), twice: one line for each, no traceback from any process the sweep
+    started, and every run ended KILLED."""
+    runs(mlflow_uri)  # create the store first: polling must not race the sweeper's schema set-up
+    cmd = [sys.executable, "-m", "sweeper", "-m", "hidden=8,16", "epochs=100000", "data.n_train=200"]
+    proc = subprocess.Popen(
+        cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )  # two workers, a core each: both points train when the Ctrl-C comes
+    deadline = time.time() + 120
+    while (
+        time.time() < deadline
+        and sum(r.info.status == "RUNNING" and "mlflow.parentRunId" in r.data.tags for r in runs(mlflow_uri)) < 2
+    ):
+        time.sleep(0.5)
+    os.killpg(proc.pid, signal.SIGINT)
+    time.sleep(0.5)
+    os.killpg(proc.pid, signal.SIGINT)
+    out, _ = proc.communicate(timeout=90)
+    assert proc.returncode == 130, out
+    assert "Traceback" not in out and "KeyboardInterrupt" not in out, out
+    assert "interrupted: cancelling the sweep's jobs" in out and "still cleaning up" in out, out
+    statuses = sorted(r.info.status for r in runs(mlflow_uri))
+    assert statuses == ["KILLED"] * 3, statuses  # the parent and both points, nothing RUNNING

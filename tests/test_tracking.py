@@ -156,6 +156,43 @@ def test_a_sigterm_that_a_library_turned_into_its_own_error_still_ends_the_run_k
     assert store.client(mlflow_uri).get_run(recorder.run_id).info.status == "KILLED"
 
 
+def test_a_sigterm_during_a_store_write_is_raised_when_the_write_is_whole(mlflow_uri, monkeypatch):
+    """#33 item 10: SIGTERM raised inside SQLite's write left the store locked by a worker that
+    never ended, and the other workers waited 20 s for it. Now the write ends, whole, then the run
+    is interrupted, and another process's write goes through at once."""
+    import os
+    import signal
+
+    from trainer import sigterm
+
+    monkeypatch.setattr(sigterm, "_seen", False)
+    before = signal.getsignal(signal.SIGTERM)
+    recorder = tracking.Recorder(mlflow_uri, "e", "r", {}, None)
+    for step in range(3000):  # three batches: the signal comes before the first
+        recorder.metric(metrics.TRAIN_LOSS, 1.0 / (step + 1), step)
+    try:
+        sigterm.install()
+        with pytest.raises(sigterm.Terminated), sigterm.deferred():
+            os.kill(os.getpid(), signal.SIGTERM)  # handled here, before the write starts
+            recorder.flush()
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    assert sigterm.seen()
+    other = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            f"from trainer import store; store.client({mlflow_uri!r}).set_tag({recorder.run_id!r}, 'k', 'v')",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert other.returncode == 0, other.stderr
+    history = store.client(mlflow_uri).get_metric_history(recorder.run_id, metrics.TRAIN_LOSS)
+    assert len(history) == 3000
+
+
 OPEN_AT = """
 import sys, time
 from trainer import store, tracking

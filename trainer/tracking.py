@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from trainer import journal, metrics
+from trainer import journal, metrics, sigterm
 from trainer.store import client, ensure_experiment
 
 BATCH = 1000  # MLflow's limit of metrics per log_batch call
@@ -92,7 +92,8 @@ class Recorder:
             self._sender.start()
 
     def _write(self, entry: dict[str, Any]) -> None:
-        self.journal.append(entry)
+        with sigterm.deferred():  # a line written whole
+            self.journal.append(entry)
         self._sender.wake.set()
 
     def _open_catching(self, *opening: Any) -> None:
@@ -135,8 +136,9 @@ class Recorder:
         if self.journal is not None:
             return self._write({"op": "params", "params": {k: str(v) for k, v in params.items()}})
         items = [Param(k, str(v)) for k, v in params.items()]
-        for i in range(0, len(items), 100):
-            self.client.log_batch(run_id, params=items[i : i + 100])
+        with sigterm.deferred():
+            for i in range(0, len(items), 100):
+                self.client.log_batch(run_id, params=items[i : i + 100])
 
     def set_tags(self, tags: dict[str, str]) -> None:
         """Sent now if the run exists, else with the next :meth:`flush`."""
@@ -151,7 +153,8 @@ class Recorder:
         if self._tags and self.journal is not None:
             self._write({"op": "tags", "tags": self._tags})
         elif self._tags:
-            self.client.log_batch(run_id, tags=[RunTag(k, v) for k, v in self._tags.items()])
+            with sigterm.deferred():
+                self.client.log_batch(run_id, tags=[RunTag(k, v) for k, v in self._tags.items()])
         self._tags = {}
 
     def metric(self, key: str, value: float, step: int = 0) -> None:
@@ -167,14 +170,17 @@ class Recorder:
         if self.journal is not None and queued:  # training goes on; the thread sends them
             self._write({"op": "metrics", "metrics": [[m.key, m.value, m.timestamp, m.step] for m in queued]})
             queued = []
-        for i in range(0, len(queued), BATCH):
-            self.client.log_batch(run_id, metrics=queued[i : i + BATCH])
+        with sigterm.deferred():  # an epoch's write, whole: SIGTERM mostly lands here
+            for i in range(0, len(queued), BATCH):
+                self.client.log_batch(run_id, metrics=queued[i : i + BATCH])
         self._metrics = []
 
     def log_text(self, text: str, name: str) -> None:
         if self.journal is not None:
             return self._write({"op": "text", "text": text, "name": name})
-        self.client.log_text(self._ready(), text, name)
+        run_id = self._ready()
+        with sigterm.deferred():
+            self.client.log_text(run_id, text, name)
 
     def log_npz(self, name: str, arrays: dict[str, Any]) -> None:
         import numpy as np
@@ -187,7 +193,8 @@ class Recorder:
                 self.journal.keep_file(path, name)
                 self._sender.wake.set()
             else:
-                self.client.log_artifact(run_id, str(path))
+                with sigterm.deferred():
+                    self.client.log_artifact(run_id, str(path))
 
     def finish(self, status: str = "FINISHED", close: bool = True) -> None:
         """End the run. Without ``close`` more writes follow its end (a check still computing):
@@ -212,7 +219,9 @@ class Recorder:
 
     def _end(self, status: str, close: bool = True) -> None:
         if self.journal is None:
-            self.client.set_terminated(self._ready(), status)
+            run_id = self._ready()
+            with sigterm.deferred():
+                self.client.set_terminated(run_id, status)
             return
         self._write({"op": "end", "status": status, "close": close})
         if close:

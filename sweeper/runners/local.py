@@ -128,9 +128,9 @@ class LocalRunner(WithoutScheduler):
         """Start the job; its time limit covers ``n_points`` points. ``units``: a warm worker's GPUs
         or cores, shared with other workers under leases; without, a job takes its GPUs or cores."""
         if self.executor is None:
-            import submitit  # heavy: only once there is something to start
+            from sweeper.runners.local_jobs import LocalExecutor  # submitit: heavy, only once needed
 
-            self.executor = submitit.LocalExecutor(folder=str(self.folder / "%j"))
+            self.executor = LocalExecutor(folder=str(self.folder / "%j"))
         env = dict(env or {})
         ids, cpus = [], 0
         if not shape.gpus_per_task:  # a rank a core: its BLAS must not start a thread per core of the machine
