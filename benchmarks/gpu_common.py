@@ -85,9 +85,9 @@ def our_step(
     import cupy as cp
 
     from trainer import model
+    from trainer.generic_step import gradient_buffer
     from trainer.loop import Schedule, sgd_step
     from trainer.options import StepOptions
-    from trainer.parallel import gradient_buffer
     from trainer.step import make_step
 
     layout = model.Layout(D=D, H=H, C=C)

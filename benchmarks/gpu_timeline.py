@@ -34,6 +34,7 @@ def worker(args: argparse.Namespace) -> None:
     from gpu_common import LR, REG, inputs, report
 
     from trainer import model, parallel
+    from trainer.generic_step import gradient_buffer
     from trainer.gpu.fused_step import FusedStep
     from trainer.gpu.policy import sums_beside_gemm, window_wanted
     from trainer.loop import Schedule, sgd_step
@@ -80,7 +81,7 @@ def worker(args: argparse.Namespace) -> None:
     xh, yh = inputs(ROWS, seed=world.rank)
     x, y = cp.asarray(xh), cp.asarray(yh)
     params = cp.asarray(model.init_params(layout, 0, "float32"))
-    gbuf = parallel.gradient_buffer(ar, cp, layout.size + 1, cp.float32)
+    gbuf = gradient_buffer(ar, cp, layout.size + 1, cp.float32)
     step = Traced(layout, params, gbuf, ROWS, StepOptions(kind="fused", gemm=args.gemm[0], overlap=overlap), ar)
     loss = cp.zeros(1, dtype=cp.float32)
     schedule = Schedule(batch_size=ROWS * world.size, lr=LR, reg=REG, epochs=1)

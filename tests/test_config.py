@@ -12,9 +12,9 @@ from trainer import model, reference
 from trainer.config import validate
 from trainer.data import pixel_levels
 from trainer.errors import ConfigError
-from trainer.gpu.policy import gemm_products, overlap_wanted, window_wanted
+from trainer.gpu.policy import gemm_mode, overlap_wanted, window_wanted
 from trainer.identity import config_hash
-from trainer.options import gemm_mode
+from trainer.options import gemm_products
 from trainer.override_checks import check_old_keys
 from trainer.run import schedule_of
 

@@ -33,7 +33,7 @@ def test_pixels_are_integer_levels(idx_dir: Path, dtype: str):
     k = np.rint(ds.x_train * np.asarray(data.PIXEL_LEVELS, dtype=dtype))
     np.testing.assert_array_equal(k, raw)
     np.testing.assert_array_equal((k / np.asarray(data.PIXEL_LEVELS, dtype=dtype)).astype(dtype), ds.x_train)
-    assert k.max() <= 2**8  # exact in BF16 and TF32 (trainer/gpu/policy.py BF16_EXACT_INTEGERS, TF32_EXACT_INTEGERS)
+    assert k.max() <= 2**8  # exact in BF16 and TF32 (trainer/options.py BF16_EXACT_INTEGERS, TF32_EXACT_INTEGERS)
 
 
 def test_first_n_samples(idx_dir: Path):

@@ -7,10 +7,11 @@ import pytest
 
 from tests.conftest import gpu_available
 from tests.test_trainer_runs import COMMON, only_run, trainer
-from trainer import data, metrics, model
+from trainer import data, metrics, model, step
 from trainer.backend import select
 from trainer.config import Device
 from trainer.errors import ConfigError
+from trainer.generic_step import generic
 from trainer.loop import Schedule, fit
 from trainer.options import StepOptions
 from trainer.step import make_step
@@ -25,8 +26,10 @@ def test_cupy_training_matches_numpy(dtype, tol):
     layout = model.Layout(D=784, H=64)
     schedule = Schedule(batch_size=128, lr=0.05, reg=1e-4, epochs=2, shuffle=True, seed=3)
     init = model.init_params(layout, 0, dtype)
-    cpu = fit(np, layout, init.copy(), ds.x_train, ds.y_train, schedule)
-    gpu = fit(cupy, layout, cupy.asarray(init), cupy.asarray(ds.x_train), cupy.asarray(ds.y_train), schedule)
+    host, device = init.copy(), cupy.asarray(init)
+    cpu = fit(generic(np, layout, host), np, host, ds.x_train, ds.y_train, schedule)
+    x, y = cupy.asarray(ds.x_train), cupy.asarray(ds.y_train)
+    gpu = fit(generic(cupy, layout, device), cupy, device, x, y, schedule)
     assert np.linalg.norm(gpu.get() - cpu) / np.linalg.norm(cpu) < tol
 
 
@@ -112,10 +115,9 @@ def assert_fused_matches_generic(layout, x_host, y_host, schedule, gemm, x_level
     for kind in ("generic", "fused"):
         losses = []
         params = cupy.asarray(model.init_params(layout, 1, str(x_host.dtype)))
-        fit(
-            cupy, layout, params, x, y, schedule, on_epoch=lambda e, out=losses: out.append(e.losses),
-            options=StepOptions(kind=kind, gemm=gemm, x_levels=x_levels),
-        )  # fmt: skip
+        options = StepOptions(kind=kind, gemm=gemm, x_levels=x_levels)
+        taken = step.build(options, cupy, layout, params, schedule.batch_size)
+        fit(taken, cupy, params, x, y, schedule, on_epoch=lambda e, out=losses: out.append(e.losses))
         results[kind] = (params.get(), np.concatenate(losses))
     (pg, lg), (pf, lf) = results["generic"], results["fused"]
     assert np.linalg.norm(pf - pg) / np.linalg.norm(pg) < tol
@@ -218,11 +220,9 @@ def test_overlapped_step_matches_serial_step(dtype, gemm, shuffle, tol):
     for overlap in (False, True):
         losses = []
         params = cupy.asarray(model.init_params(layout, 1, dtype))
-        fit(
-            cupy, layout, params, x, y, schedule, allreduce=NcclAllreduce(world, dtype),
-            on_epoch=lambda e, out=losses: out.append(e.losses),
-            options=StepOptions(kind="fused", gemm=gemm, overlap=overlap, x_levels=data.PIXEL_LEVELS),
-        )  # fmt: skip
+        options = StepOptions(kind="fused", gemm=gemm, overlap=overlap, x_levels=data.PIXEL_LEVELS)
+        taken = step.build(options, cupy, layout, params, schedule.batch_size, 1, NcclAllreduce(world, dtype))
+        fit(taken, cupy, params, x, y, schedule, on_epoch=lambda e, out=losses: out.append(e.losses))
         results[overlap] = (params.get(), np.concatenate(losses))
     (ps, ls), (po, lo) = results[False], results[True]
     assert np.linalg.norm(po - ps) / np.linalg.norm(ps) < tol

@@ -16,6 +16,7 @@ import pytest
 from tests.conftest import MPIEXEC, ROOT, compose
 from trainer import data, metrics, model, provenance, store, tracking
 from trainer.backend import Backend
+from trainer.generic_step import generic
 from trainer.loop import Schedule, fit
 
 pytestmark = pytest.mark.mpi
@@ -67,14 +68,8 @@ def test_ranks_match_sequential_reference(nproc, shuffle, idx_dir, mlflow_uri, t
     # And against a sequential run computed here, independently of the trainer's own check.
     ds = data.load(str(idx_dir), 57, None, "float64")
     layout = model.Layout(D=784, H=16)
-    expected = fit(
-        np,
-        layout,
-        model.init_params(layout, 0, "float64"),
-        ds.x_train,
-        ds.y_train,
-        Schedule(7, 0.3, 1e-4, 2, shuffle, 0),
-    )
+    init = model.init_params(layout, 0, "float64")
+    expected = fit(generic(np, layout, init), np, init, ds.x_train, ds.y_train, Schedule(7, 0.3, 1e-4, 2, shuffle, 0))
     got = final_weights(client, run)
     assert np.linalg.norm(got - expected) / np.linalg.norm(expected) < 1e-12
 

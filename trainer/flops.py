@@ -98,7 +98,7 @@ PEAKS: list[tuple[str, dict[str, float]]] = [
 ]
 
 # The arithmetic each GEMM mode runs on (trainer/run.py gemm_mode, the generic step's plain dtypes)
-# and the products it takes per model GEMM at fewest (trainer/gpu/policy.py gemm_products: tf32x3 takes
+# and the products it takes per model GEMM at fewest (trainer/options.py gemm_products: tf32x3 takes
 # 2 on the pixels, which are exact in TF32, and 3 on other inputs).
 GEMM_ARITHMETIC: dict[str, tuple[str, int]] = {
     "sgemm": ("fp32", 1),

@@ -15,15 +15,10 @@ from typing import Any
 
 import numpy as np
 
-from trainer import model
 from trainer.clock import PhaseClock
-from trainer.options import StepOptions
-from trainer.parallel import gradient_buffer
-from trainer.step import make_step
 
 # Phases timed in every batch, in order; "batch" is their sum.
 STEP_PHASES = ("h2d", "forward", "backward", "allreduce", "update")
-GENERIC = StepOptions()  # the generic step: the readable reference, the CPU ranks and the sequential check
 
 
 @dataclass(frozen=True)
@@ -112,7 +107,7 @@ def sgd_step(
     clock: PhaseClock | None = None,
 ) -> None:
     """forward -> backward -> all-reduce -> update for this rank's rows of one global batch
-    (``step``: trainer/step.py make_step, which owns the gradient buffer and the all-reduce)."""
+    (``step``: trainer/step.py build, which owns the gradient buffer and the all-reduce)."""
     if len(yb):
         step.forward(xb, yb)
     if clock:
@@ -132,19 +127,17 @@ def sgd_step(
 
 
 def fit(
+    step: Any,
     xp: Any,
-    layout: model.Layout,
     params: Any,
     x: Any,
     y: Any,
     schedule: Schedule,
     rank: int = 0,
     size: int = 1,
-    allreduce: Callable[[Any], None] | None = None,
     clock: PhaseClock | None = None,
     on_epoch: Callable[[EpochResult], None] | None = None,
     fault_iteration: int | None = None,
-    options: StepOptions = GENERIC,
     fault_kind: str = "error",
     start_epoch: int = 1,
     snapshot: Snapshot | None = None,
@@ -154,16 +147,12 @@ def fit(
 
     ``x``/``y`` hold the whole training set, on the device or on the host; a host array is
     copied to the device one slice per batch (the "h2d" phase). Every rank runs this with the
-    same params and schedule; ``allreduce`` sums the flat gradient buffer over the ranks.
-    ``options`` (trainer/options.py) picks the implementation of the step and how it runs
-    (trainer/step.py make_step); the default is the generic step. ``start_epoch`` > 1 resumes
+    same params and schedule; ``step`` (trainer/step.py build: generic or fused, with its gradient
+    buffer and all-reduce) updates ``params`` in place, one batch at a time. ``start_epoch`` > 1 resumes
     from ``params`` as a checkpoint left them after epoch ``start_epoch - 1`` (trainer/checkpoint.py).
     ``snapshot`` takes a copy of the weights after its step (the CPU reference check compares those);
     ``on_step`` is told the steps done after each one.
     """
-    gbuf = gradient_buffer(allreduce, xp, layout.size + 1, params.dtype)  # gradient, then summed cross-entropy
-    max_rows = -(-schedule.batch_size // size)
-    step = make_step(options, xp, layout, params, gbuf, max_rows, allreduce)
     n = len(y)
     n_batches = -(-n // schedule.batch_size)
     bounds = []  # per batch: its global [start, stop) and this rank's [lo, hi) of it

@@ -1,8 +1,8 @@
-"""How a run's step runs, resolved once at the top of the run from the config and the backend.
+"""How a run's step runs: one frozen value that the run passes to ``make_step`` and records as tags.
 
 The GPU keys (``gpu.*``) say "auto" where the choice depends on what was measured to pay; those
-choices live in trainer/gpu/policy.py. A StepOptions is the result: one frozen value that the run
-passes to ``fit`` and ``make_step`` and records as tags.
+choices, and the resolution of a config into a StepOptions, live in trainer/gpu/policy.py
+(``step_options``), once at the top of the run.
 """
 
 from __future__ import annotations
@@ -10,8 +10,22 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from trainer.data import pixel_levels
-from trainer.gpu import policy
+import numpy as np
+
+TENSOR_CORE_GEMMS = ("tf32", "tf32x3", "bf16x3")  # the float32 GEMM modes (``gemm``) on tensor cores
+SPLIT_GEMMS = ("tf32x3", "bf16x3")  # float32 accuracy from several tensor-core products
+TF32_EXACT_INTEGERS = 2**11  # TF32 holds every integer up to this one (11 significant bits)
+BF16_EXACT_INTEGERS = 2**8  # and BF16 up to this one (8)
+
+
+def gemm_products(gemm: str, dtype: Any, x_levels: int | None) -> int:
+    """Products each of the fused step's large GEMMs sums (its operands' parts): 3 for tf32x3 in
+    float32, 2 if x_levels says X is exact in TF32 as k = x_levels X; 3 for bf16x3; else 1."""
+    if gemm not in SPLIT_GEMMS or np.dtype(dtype) != np.float32:
+        return 1
+    if gemm == "bf16x3":
+        return 3
+    return 2 if x_levels is not None and 0 < x_levels <= TF32_EXACT_INTEGERS else 3
 
 
 @dataclass(frozen=True)
@@ -26,30 +40,10 @@ class StepOptions:
     nccl_window: bool = False  # NCCL sums the gradient in a symmetric memory window
     profile: bool = False  # NVTX ranges per phase
 
-    @classmethod
-    def resolve(cls, cfg: Any, backend_kind: str) -> StepOptions:
-        """From the config and the backend's kind (cpu or gpu); gemm_mode is computed here, once."""
-        gpu = cfg.gpu
-        kind = gpu.step.value if gpu.step.value != "auto" else ("fused" if backend_kind == "gpu" else "generic")
-        gemm = gemm_mode(cfg)
-        overlap = policy.overlap_wanted(gpu.overlap.value, kind, cfg.nproc, gemm, cfg.hidden)
-        beside_gemm = overlap and policy.sums_beside_gemm(gemm)
-        return cls(
-            kind=kind,
-            gemm=gemm,
-            overlap=overlap,
-            x_levels=pixel_levels(cfg.data.scale.value),
-            dtype=cfg.dtype.value,
-            comm=gpu.comm.value,
-            beside_gemm=beside_gemm,
-            nccl_window=policy.window_wanted(gpu.nccl_window.value, beside_gemm),
-            profile=gpu.profile,
-        )
-
     @property
     def products(self) -> int:
         """Products each model GEMM takes (the fused step's split GEMMs: 2 or 3; else 1)."""
-        return policy.gemm_products(self.gemm, self.dtype, self.x_levels) if self.kind == "fused" else 1
+        return gemm_products(self.gemm, self.dtype, self.x_levels) if self.kind == "fused" else 1
 
     @property
     def arithmetic(self) -> str:
@@ -68,10 +62,3 @@ class StepOptions:
                 "sweepscale.overlap": str(overlapped).lower(),
             }
         return tags
-
-
-def gemm_mode(cfg: Any) -> str:
-    """How the fused step's GEMMs run: gpu.gemm in float32, DGEMM in float64."""
-    if cfg.dtype.value != "float32":
-        return "dgemm"  # float64: whatever gpu.gemm says
-    return cfg.gpu.gemm.value

@@ -165,6 +165,7 @@ class HostAllreduce:
         from mpi4py import MPI
 
         self.comm, self.size, self.in_place = world.comm, world.size, MPI.IN_PLACE
+        self.xp, self.dtype = xp, dtype
         self.on_gpu = xp is not np
         self.via = "mpi" if self.on_gpu else "host"  # how the sums go (trainer/flops.py COMMS)
         self.host = None
@@ -172,6 +173,10 @@ class HostAllreduce:
             import cupyx
 
             self.host = cupyx.empty_pinned((n,), dtype=dtype)
+
+    def empty(self, n: int) -> Any:
+        """The gradient buffer the step fills and this sums (every all-reduce gives its own)."""
+        return self.xp.empty(n, dtype=self.dtype)
 
     def __call__(self, buf: Any) -> None:
         if self.size == 1:
@@ -182,14 +187,6 @@ class HostAllreduce:
         buf.get(out=self.host)  # waits for the stream: the gradient is complete
         self.comm.Allreduce(self.in_place, self.host)
         buf.set(self.host)
-
-
-def gradient_buffer(allreduce: Any, xp: Any, n: int, dtype: Any) -> Any:
-    """The flat buffer the step fills and ``allreduce`` sums: from the all-reduce where it has a
-    place of its own for it (NCCL's window), else a plain array."""
-    if getattr(allreduce, "via", None) == "nccl":
-        return allreduce.empty(n)
-    return xp.empty(n, dtype=dtype)
 
 
 def make_allreduce(

@@ -14,8 +14,10 @@ from trainer.backend import Backend
 from trainer.checkpoint import Checkpoint
 from trainer.contention import TimedSpan
 from trainer.identity import config_hash
-from trainer.loop import GENERIC, EpochResult
+from trainer.loop import EpochResult
 from trainer.options import StepOptions
+
+GENERIC = StepOptions()  # the generic step's options: a run's default
 
 
 def flat_params(cfg: DictConfig) -> dict[str, Any]:

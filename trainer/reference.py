@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from trainer import model
+from trainer.generic_step import generic
 from trainer.loop import Schedule, Snapshot, fit
 
 # Bump when the math or the init changes, so stale cached references are never reused.
@@ -78,7 +79,9 @@ def reference_params(
         return np.load(path), True
     snapshot = Snapshot(steps, stop=True)
     epochs = -(-steps // -(-len(y) // schedule.batch_size))
-    fit(np, layout, init.copy(), x, y, replace(schedule, epochs=epochs), snapshot=snapshot, on_step=on_step)
+    params = init.copy()
+    schedule = replace(schedule, epochs=epochs)
+    fit(generic(np, layout, params), np, params, x, y, schedule, snapshot=snapshot, on_step=on_step)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".{os.getpid()}.tmp.npy")
     np.save(tmp, snapshot.weights)

@@ -27,6 +27,7 @@ from trainer import (
     reference_jobs,
     requeue,
     sigterm,
+    step,
     store,
     tracking,
 )
@@ -38,6 +39,7 @@ from trainer.clock import PhaseClock, process_start
 from trainer.config import Divergence, Gemm, Timing, validate
 from trainer.contention import for_run
 from trainer.errors import ConfigError
+from trainer.gpu import policy
 from trainer.loop import STEP_PHASES, EpochResult, Schedule, Snapshot, check_finite, fit
 from trainer.options import StepOptions
 from trainer.record import record_beside, record_epoch, record_performance, resume_recording, start_recording
@@ -106,7 +108,7 @@ def train_and_defer(
     requeue.arm()
     try:
         backend = select(cfg.device, world.local_rank)
-        options = StepOptions.resolve(cfg, backend.kind)  # the step's options, resolved once
+        options = policy.step_options(cfg, backend.kind)  # the step's options, resolved once
         hosts = world.comm.gather(socket.gethostname())
         devices = world.comm.gather(backend.describe())  # each rank's own GPU (or cpu), on its node
         key = checkpoint.resume_key(cfg)  # rank 0 reads, the others get it: one view of the folder
@@ -247,7 +249,8 @@ def train_on_rank(
     with span:  # the batches timed: the host's lock held, what else ran meanwhile noted
         parallel.wait_for_all(world.comm)  # every rank starts its clock once rank 0 has the host
         fit(
-            *(xp, layout, params, x_train, y_train, schedule, rank, size, allreduce, clock, on_epoch, fault, options),
+            step.build(options, xp, layout, params, schedule.batch_size, size, allreduce),
+            *(xp, params, x_train, y_train, schedule, rank, size, clock, on_epoch, fault),
             fault_kind=cfg.fault.kind.value,
             start_epoch=1 if ckpt is None else ckpt.epoch + 1,
             snapshot=snapshot,
@@ -257,8 +260,9 @@ def train_on_rank(
         first_epoch = replace(schedule, epochs=1)
         for _ in range(cfg.perf.repeats - 1):  # each on a scratch copy of the initial weights
             repeat_clock = PhaseClock(STEP_PHASES, gpu=on_gpu)
-            keywords = {"rank": rank, "size": size, "allreduce": allreduce, "clock": repeat_clock, "options": options}
-            fit(xp, layout, xp.array(init), x_train, y_train, first_epoch, **keywords)
+            scratch = xp.array(init)
+            scratch_step = step.build(options, xp, layout, scratch, schedule.batch_size, size, allreduce)
+            fit(scratch_step, xp, scratch, x_train, y_train, first_epoch, rank, size, repeat_clock)
             repeat_ms.append(repeat_clock.medians()["batch"])
     if recorder is None:
         return None

@@ -33,11 +33,11 @@ def _gpu(local_rank: int) -> None:
     import numpy as np
     from omegaconf import OmegaConf
 
-    from trainer import model
+    from trainer import model, step
     from trainer.backend import select
     from trainer.config import TrainerConfig
+    from trainer.gpu import policy
     from trainer.loop import Schedule, fit
-    from trainer.options import StepOptions
 
     xp = select("gpu", local_rank).xp  # the context on the rank's GPU
     values = OmegaConf.load(CONF / "base" / "trainer.yaml")
@@ -48,6 +48,6 @@ def _gpu(local_rank: int) -> None:
     x = xp.asarray(np.arange(64 * 784, dtype=cfg.dtype.value).reshape(64, 784) % 256)
     y = xp.asarray(np.arange(64) % 10)
     params = xp.asarray(model.init_params(layout, 0, cfg.dtype.value, cfg.model.init.value))
-    options = StepOptions.resolve(cfg, "gpu")
-    fit(xp, layout, params, x, y, Schedule(32, 1e-3, 0.0, 1), options=options)
+    options = policy.step_options(cfg, "gpu")
+    fit(step.build(options, xp, layout, params, 32), xp, params, x, y, Schedule(32, 1e-3, 0.0, 1))
     xp.cuda.Device().synchronize()

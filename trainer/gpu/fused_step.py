@@ -31,7 +31,8 @@ import numpy as np
 from trainer import model
 from trainer.gpu.gemm import Gemm, leading
 from trainer.gpu.operands import GemmOperands, PreparedX
-from trainer.gpu.policy import TENSOR_CORE_GEMMS, sums_beside_gemm
+from trainer.gpu.policy import sums_beside_gemm
+from trainer.options import TENSOR_CORE_GEMMS
 
 if TYPE_CHECKING:
     from trainer.options import StepOptions

@@ -46,7 +46,7 @@ from typing import Any
 import numpy as np
 
 from trainer.gpu.gemm import leading
-from trainer.gpu.policy import BF16_EXACT_INTEGERS, SPLIT_GEMMS, TENSOR_CORE_GEMMS, gemm_products
+from trainer.options import BF16_EXACT_INTEGERS, SPLIT_GEMMS, TENSOR_CORE_GEMMS, gemm_products
 
 
 @dataclass(frozen=True)

@@ -8,12 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
-TENSOR_CORE_GEMMS = ("tf32", "tf32x3", "bf16x3")  # the float32 GEMM modes (``gemm``) on tensor cores
-SPLIT_GEMMS = ("tf32x3", "bf16x3")  # float32 accuracy from several tensor-core products
-TF32_EXACT_INTEGERS = 2**11  # TF32 holds every integer up to this one (11 significant bits)
-BF16_EXACT_INTEGERS = 2**8  # and BF16 up to this one (8)
+from trainer.data import pixel_levels
+from trainer.options import TENSOR_CORE_GEMMS, StepOptions
 
 # NCCL's blocks beside the step's GEMMs: 8 beat NCCL's default (docs/benchmarks.md, A GEMM beside the all-reduce).
 OVERLAP_MAX_CTAS = 8
@@ -21,16 +17,6 @@ OVERLAP_MAX_CTAS = 8
 WINDOW_CTAS = 32
 # Paid only with SGEMM at H=2048 (0.615 vs 0.637 ms, 4 H200s): docs/benchmarks.md, The overlap's sizes.
 OVERLAP_PAYS = frozenset({("sgemm", 2048)})  # (GEMM mode, hidden)
-
-
-def gemm_products(gemm: str, dtype: Any, x_levels: int | None) -> int:
-    """Products each of the fused step's large GEMMs sums (its operands' parts): 3 for tf32x3 in
-    float32, 2 if x_levels says X is exact in TF32 as k = x_levels X; 3 for bf16x3; else 1."""
-    if gemm not in SPLIT_GEMMS or np.dtype(dtype) != np.float32:
-        return 1
-    if gemm == "bf16x3":
-        return 3
-    return 2 if x_levels is not None and 0 < x_levels <= TF32_EXACT_INTEGERS else 3
 
 
 def sums_beside_gemm(gemm: str) -> bool:
@@ -53,3 +39,31 @@ def window_wanted(nccl_window: str, beside_gemm: bool) -> bool:
     """Whether NCCL sums the gradient in a symmetric memory window (trainer/gpu/nccl.py):
     ``nccl_window`` (gpu.nccl_window) auto, always or never; auto leaves out sums beside SGEMMs."""
     return nccl_window == "always" or (nccl_window == "auto" and not beside_gemm)
+
+
+def gemm_mode(cfg: Any) -> str:
+    """How the fused step's GEMMs run: gpu.gemm in float32, DGEMM in float64."""
+    if cfg.dtype.value != "float32":
+        return "dgemm"  # float64: whatever gpu.gemm says
+    return cfg.gpu.gemm.value
+
+
+def step_options(cfg: Any, backend_kind: str) -> StepOptions:
+    """The run's StepOptions from its config and the backend's kind (cpu or gpu): every "auto" of
+    ``gpu.*`` decided here, once."""
+    gpu = cfg.gpu
+    kind = gpu.step.value if gpu.step.value != "auto" else ("fused" if backend_kind == "gpu" else "generic")
+    gemm, x_levels = gemm_mode(cfg), pixel_levels(cfg.data.scale.value)
+    overlap = overlap_wanted(gpu.overlap.value, kind, cfg.nproc, gemm, cfg.hidden)
+    beside_gemm = overlap and sums_beside_gemm(gemm)
+    return StepOptions(
+        kind=kind,
+        gemm=gemm,
+        overlap=overlap,
+        x_levels=x_levels,
+        dtype=cfg.dtype.value,
+        comm=gpu.comm.value,
+        beside_gemm=beside_gemm,
+        nccl_window=window_wanted(gpu.nccl_window.value, beside_gemm),
+        profile=gpu.profile,
+    )
