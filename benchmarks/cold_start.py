@@ -25,7 +25,7 @@ POINT = ["epochs=1", "data.n_train=500", "hidden=8"]
 
 def prepare_store(uri: str) -> None:
     """Create the database and the experiment, as the first run (or the sweeper) would."""
-    from trainer import store
+    from trainer.record import store
 
     store.ensure_experiment(store.client(uri), uri, store.DEFAULT_EXPERIMENT)
 

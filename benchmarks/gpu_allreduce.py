@@ -36,9 +36,10 @@ def worker(args: argparse.Namespace) -> None:
     from gpu_common import beside, fused_step, inputs, report
     from peer_allreduce import PeerAllreduce
 
-    from trainer import model, parallel
+    from trainer.core import model
     from trainer.gpu.gemm import Gemm
     from trainer.gpu.nccl import NcclAllreduce
+    from trainer.ranks import parallel
 
     (comm,), (kind,) = args.comm, args.gemm  # one of each per worker
     world = parallel.join_world(args.nproc)

@@ -75,7 +75,7 @@ def our_step(
     prepared: bool = True,
 ) -> Callable[[], None]:
     """One training step of ours on resident data (this rank's rows x, labels y), exactly as
-    trainer/loop.py runs it; the gradient is normalised by the global batch (default: len(y)).
+    trainer/core/loop.py runs it; the gradient is normalised by the global batch (default: len(y)).
     ``gemm``: how the fused step's GEMMs run (sgemm, tf32, tf32x3); ``overlap``: the fused step
     hides an NCCL all-reduce behind its compute (each call then leaves the end of its update to
     the next, as in training); ``x_levels``: x is pixels (``inputs``), as the trainer promises
@@ -84,9 +84,9 @@ def our_step(
     with data.shuffle=true)."""
     import cupy as cp
 
-    from trainer import model
-    from trainer.generic_step import gradient_buffer
-    from trainer.loop import Schedule, sgd_step
+    from trainer.core import model
+    from trainer.core.generic_step import gradient_buffer
+    from trainer.core.loop import Schedule, sgd_step
     from trainer.options import StepOptions
     from trainer.step import make_step
 
@@ -131,7 +131,7 @@ def fused_step(H: int, gemm: str, x: Any, y: Any, cls: Any = None, x_levels: int
     buffers hold a step's values: for timing its launches one by one (``x_levels``: our_step's)."""
     import cupy as cp
 
-    from trainer import model
+    from trainer.core import model
     from trainer.gpu.fused_step import FusedStep
     from trainer.options import StepOptions
 
@@ -195,7 +195,7 @@ def launch_workers(
 ) -> Any:
     """Run ``script --worker --nproc N args`` on N ranks under mpiexec; return what rank 0
     reported, or None after printing the ranks' output (a failure, or no end within ``timeout``)."""
-    from trainer import parallel
+    from trainer.ranks import parallel
 
     cmd = [parallel.find_mpiexec(None), "-n", str(nproc), sys.executable, script, "--worker", "--nproc", str(nproc)]
     try:

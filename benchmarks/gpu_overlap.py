@@ -34,9 +34,9 @@ def worker(args: argparse.Namespace) -> None:
     import cupy as cp
     from gpu_common import beside, report
 
-    from trainer import parallel
     from trainer.gpu.gemm import Gemm
     from trainer.gpu.nccl import NcclAllreduce
+    from trainer.ranks import parallel
 
     world = parallel.join_world(args.nproc)
     cp.cuda.Device(world.local_rank % cp.cuda.runtime.getDeviceCount()).use()
@@ -83,7 +83,7 @@ def main() -> None:
     if args is None:
         return
 
-    from trainer import parallel
+    from trainer.ranks import parallel
 
     mb = HALF * D * 4 / 1e6
     print(f"{args.nproc} ranks, GEMM {args.gemm} {HALF}x{D}x{ROWS} and all-reduce of {mb:.1f} MB, us each")

@@ -48,10 +48,11 @@ def worker(args: argparse.Namespace) -> None:
     import cupy as cp
     from gpu_common import enqueue_ms, inputs, our_step, report, time_ms
 
-    from trainer import model, parallel
+    from trainer.core import model
+    from trainer.core.loop import local_rows
     from trainer.gpu.fused_step import FusedStep
     from trainer.gpu.policy import sums_beside_gemm, window_wanted
-    from trainer.loop import local_rows
+    from trainer.ranks import parallel
 
     world = parallel.join_world(args.nproc)
     cp.cuda.Device(world.local_rank % cp.cuda.runtime.getDeviceCount()).use()

@@ -33,12 +33,13 @@ def worker(args: argparse.Namespace) -> None:
     import cupy as cp
     from gpu_common import LR, REG, inputs, report
 
-    from trainer import model, parallel
-    from trainer.generic_step import gradient_buffer
+    from trainer.core import model
+    from trainer.core.generic_step import gradient_buffer
+    from trainer.core.loop import Schedule, sgd_step
     from trainer.gpu.fused_step import FusedStep
     from trainer.gpu.policy import sums_beside_gemm, window_wanted
-    from trainer.loop import Schedule, sgd_step
     from trainer.options import StepOptions
+    from trainer.ranks import parallel
 
     world = parallel.join_world(args.nproc)
     cp.cuda.Device(world.local_rank % cp.cuda.runtime.getDeviceCount()).use()

@@ -4,7 +4,7 @@
 # reference cache, through the local launcher and through Slurm (scripts/slurm_gpu_node.sh), and
 # the code before this change beside it (.device/before, for the paired figures). Prints a table;
 # logs and each sweep's timeline.json in $OUT/results.tgz. docs/benchmarks.md has the call and the figures.
-#   bash benchmarks/headline_gpu.sh [STAGE ...]   stages: warmup probe after newcache before again nocheck slurm shard pytest (default: after slurm)
+#   bash benchmarks/headline_gpu.sh [STAGE ...]   stages: warmup probe after newcache before again nocheck slurm shard pytest step (default: after slurm)
 # Expects .whl/ (bash ../shared/device/fetch_wheels.sh), .device/mnist/ (full MNIST),
 # .device/debs/ (bash scripts/slurm_gpu_node.sh --fetch .device/debs), .device/before/ (git archive).
 set -uo pipefail
@@ -84,6 +84,16 @@ print('mpiexecs:', b.mpiexecs(None)); print('auto:', b.detect('auto', None, 'gpu
         { env | grep -E '^PYTHON' ; for m in "import numpy" "import mlflow.tracking" "import cupy"; do
             t0=$(date +%s%N); PYTHONPATH="$ROOT:/tmp/site" python3 -c "$m"; t1=$(date +%s%N)
             echo "$m: $(( (t1 - t0) / 1000000 )) ms"; done; } 2>&1 | tee "$RES/probe.txt" ;;
+      step)  # the fused step (bf16x3, B=3200) through each tree's own code, in turn, twice: a restructure must not move it
+        for round in 1 2; do for code in "$ROOT/.device/before" "$ROOT"; do
+          (cd "$code" && PYTHONPATH="$code:/tmp/site" python3 -c '
+import sys; sys.path.insert(0, "benchmarks")
+import cupy as cp
+from gpu_common import PIXEL_LEVELS, inputs, our_step, time_ms
+xh, yh = inputs(3200); x, y = cp.asarray(xh), cp.asarray(yh)
+ms = {H: time_ms(our_step("fused", H, x, y, gemm="bf16x3", x_levels=PIXEL_LEVELS)) for H in (512, 1024, 2048)}
+print(sys.argv[1], " ".join(f"H={H} {t:.4f} ms" for H, t in ms.items()))' "round $round $([ "$code" = "$ROOT" ] && echo after || echo before)")
+        done; done 2>&1 | tee -a "$RES/step.txt" ;;
       pytest)
         PYTHONPATH="$ROOT:/tmp/site" python3 -m pytest -m gpu -q -p no:cacheprovider tests 2>&1 | tail -40 \
           | tee "$RES/pytest_gpu.txt" ;;

@@ -31,7 +31,7 @@ def main() -> None:
     args = parser.parse_args()
     from sweeper.report import publish, study
     from sweeper.report.__main__ import find_parents
-    from trainer import store
+    from trainer.record import store
 
     print(f"{'points':>6} {'load s':>7} {'build s':>8} {'attach s':>9} {'total s':>8}")
     for n in args.points:

@@ -14,7 +14,7 @@ from omegaconf import DictConfig
 from sweeper.config import FLAGS, register, reject_renamed
 from trainer.errors import ConfigError
 from trainer.override_checks import check_old_keys, check_repeated
-from trainer.processes import run_then_exit
+from trainer.ranks.processes import run_then_exit
 
 register()
 

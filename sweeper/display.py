@@ -13,7 +13,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from trainer import metrics
-from trainer.console import mlflow_ui_command
+from trainer.record.console import mlflow_ui_command
 
 # Off a terminal (CI logs, files) rich would wrap at 80 columns: give tables room, and leave a
 # message's line whole (a long folder would break it, and grep with it).

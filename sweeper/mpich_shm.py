@@ -15,7 +15,7 @@ import os
 from datetime import datetime
 from pathlib import Path
 
-from trainer import requeue
+from trainer.lifecycle import requeue
 
 SHM = Path("/dev/shm")
 

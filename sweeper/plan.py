@@ -17,8 +17,8 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError
 from sweeper.points import Point, Shape
 from trainer.config import TrainerConfig, validate
 from trainer.errors import ConfigError
-from trainer.identity import config_hash
 from trainer.override_checks import unknown_key
+from trainer.record.identity import config_hash
 
 if TYPE_CHECKING:
     from sweeper.runners.base import Runner

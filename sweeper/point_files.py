@@ -15,7 +15,7 @@ from omegaconf import OmegaConf, open_dict
 from sweeper.point_job import POINT_CONFIG
 from sweeper.points import Point
 from trainer import metrics
-from trainer.queue_files import POINT_DATA
+from trainer.lifecycle.queue_files import POINT_DATA
 
 if TYPE_CHECKING:
     from sweeper.runners.base import Job

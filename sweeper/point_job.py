@@ -1,5 +1,5 @@
 """What a point's job, or a warm worker's, runs (each Slurm task runs it too). Standard library
-only (and trainer/requeue.py): every job imports this module to unpickle its function, so it
+only (and trainer/lifecycle/requeue.py): every job imports this module to unpickle its function, so it
 must start fast.
 
 A job that Slurm requeues, or that asks to be requeued at a time limit (the trainer exits with
@@ -16,8 +16,8 @@ import sys
 from typing import Any, NoReturn
 
 from sweeper import mpich_shm
-from trainer import requeue
-from trainer.requeue import REQUEUE_STATUS
+from trainer.lifecycle import requeue
+from trainer.lifecycle.requeue import REQUEUE_STATUS
 
 POINT_CONFIG = "point"
 

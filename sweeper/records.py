@@ -13,8 +13,9 @@ from sweeper.config import FLAGS
 from sweeper.folders import ending_note
 from sweeper.points import NOT_NAMES, Point
 from sweeper.report.study import POINTS_ARTIFACT
-from trainer import metrics, store
-from trainer.processes import alive, owner
+from trainer import metrics
+from trainer.ranks.processes import alive, owner
+from trainer.record import store
 
 
 def absolute_uri(uri: str) -> str:
@@ -45,8 +46,8 @@ class SweepRecord:
         """config hash -> (run id, checkpoint folder, epoch) of a run of it that stopped before its end
         (FAILED at a time limit, KILLED by Ctrl-C or scancel) and left a checkpoint of its own: the
         next sweep resumes it there, in the same run, instead of starting again at epoch 1.
-        ``keys``: config hash -> the point's checkpoint key (trainer/checkpoint.py)."""
-        from trainer import checkpoint
+        ``keys``: config hash -> the point's checkpoint key (trainer/record/checkpoint.py)."""
+        from trainer.record import checkpoint
 
         runs = self.client.search_runs(
             [self.experiment_id],

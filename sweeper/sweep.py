@@ -28,8 +28,9 @@ from sweeper.runners.earlier import EarlierJob
 from sweeper.runners.warm import withdraw_unclaimed
 from sweeper.timeline import phase
 from sweeper.watch import watch
-from trainer import data, journal, limits, metrics, provenance, store, uri_check
-from trainer.checkpoint import resume_key
+from trainer import data, limits, metrics
+from trainer.record import journal, provenance, store, uri_check
+from trainer.record.checkpoint import resume_key
 
 
 def run_sweep(base: DictConfig, points: list[Point], sweep_dir: Path, overrides: list[str]) -> int:

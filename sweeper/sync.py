@@ -1,4 +1,4 @@
-"""Send what points wrote while the tracking server was away (trainer/journal.py).
+"""Send what points wrote while the tracking server was away (trainer/record/journal.py).
 
     python -m sweeper.sync [FOLDER ...]     # default: multirun/, every sweep's points
 
@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from sweeper import display
-from trainer import journal
+from trainer.record import journal
 
 
 def sync(folders: list[Path]) -> int:

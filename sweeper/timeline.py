@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from trainer.clock import process_start
+from trainer.core.clock import process_start
 
 FILE = "timeline.json"
 _phases: list[tuple[str, float, float]] = []

@@ -117,7 +117,7 @@ def compose(overrides: list[str] | None = None):
 
 @pytest.fixture(autouse=True)
 def timing_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """Each test's runs see only each other as running beside them (trainer/contention.py): tests
+    """Each test's runs see only each other as running beside them (trainer/ranks/contention.py): tests
     side by side (xdist) are not each other's contention, nor wait for each other's exclusive timing."""
     folder = tmp_path / "timing"
     monkeypatch.setenv("SWEEPSCALE_TIMING_DIR", str(folder))

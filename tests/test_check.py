@@ -1,4 +1,4 @@
-"""The CPU check (trainer/check.py, trainer/reference_jobs.py): the weights after k steps against an
+"""The CPU check (trainer/lifecycle/check.py, trainer/lifecycle/reference_jobs.py): the weights after k steps against an
 independent replay, a run that ends before its check, a check that fails or whose process is
 killed. Real runs on real ranks, real spawned children, a real SQLite store."""
 
@@ -18,8 +18,11 @@ import pytest
 
 from tests.test_sweeper import FAST, children_of, parents, sweep
 from tests.test_trainer_runs import COMMON, final_weights, only_run, trainer
-from trainer import data, metrics, model, reference, reference_jobs, store
-from trainer.loop import Schedule
+from trainer import data, metrics
+from trainer.core import model, reference
+from trainer.core.loop import Schedule
+from trainer.lifecycle import reference_jobs
+from trainer.record import store
 
 pytestmark = pytest.mark.mpi
 
@@ -196,7 +199,7 @@ def test_a_prefetched_reference_is_the_one_the_point_then_finds(idx_dir, tmp_pat
     """A GPU worker starts its queued points' references before their turn (check.prefetch): the
     point's own check then reads the same weights from the cache, computing nothing."""
     from tests.conftest import compose
-    from trainer import check
+    from trainer.lifecycle import check
     from trainer.run import schedule_of
 
     cfg = compose(["hidden=16", "batch_size=7", "epochs=2", f"check.cache_dir={tmp_path}", "check.steps=4"])
@@ -216,8 +219,10 @@ def test_a_prefetched_reference_is_the_one_the_point_then_finds(idx_dir, tmp_pat
 SUBMIT = """
 import sys, time
 import numpy as np
-from trainer import data, model, reference, reference_jobs
-from trainer.loop import Schedule
+from trainer import data
+from trainer.core import model, reference
+from trainer.lifecycle import reference_jobs
+from trainer.core.loop import Schedule
 idx_dir, cache, out = sys.argv[1:]
 layout, schedule = model.Layout(D=784, H=16), Schedule(7, 0.3, 1e-4, 2, False, 0)
 ds = data.load(idx_dir, 57, None, "float64")

@@ -1,4 +1,4 @@
-"""Per-epoch checkpoints (trainer/checkpoint.py) and the time-limit warning (trainer/requeue.py):
+"""Per-epoch checkpoints (trainer/record/checkpoint.py) and the time-limit warning (trainer/lifecycle/requeue.py):
 a run stopped at any point resumes into the same MLflow run and ends as if never stopped."""
 
 from __future__ import annotations
@@ -15,9 +15,11 @@ import numpy as np
 import pytest
 
 from tests.test_trainer_runs import COMMON, only_run, trainer
-from trainer import checkpoint, data, metrics, model
-from trainer.generic_step import generic
-from trainer.loop import Schedule, fit
+from trainer import data, metrics
+from trainer.core import model
+from trainer.core.generic_step import generic
+from trainer.core.loop import Schedule, fit
+from trainer.record import checkpoint
 
 pytestmark = pytest.mark.mpi
 
@@ -41,7 +43,7 @@ def test_a_killed_run_resumes_into_the_same_run(idx_dir, mlflow_uri, tmp_path):
     killed = trainer([*args, "fault.kind=kill", "fault.rank=1", "fault.iteration=12"], tmp_path)
     assert killed.returncode != 0
     client, run = only_run(mlflow_uri)
-    assert run.info.status == "FAILED"  # the launching process ended it (trainer/launch.py)
+    assert run.info.status == "FAILED"  # the launching process ended it (trainer/lifecycle/launch.py)
     assert (ck / checkpoint.FILE).exists()
 
     other = trainer([*args, "lr=0.1"], tmp_path)  # another config: refused before any rank starts
@@ -120,7 +122,7 @@ def test_the_time_limit_warning_stops_at_an_epoch_end_with_a_clear_error(idx_dir
 def test_the_trainer_asks_for_a_requeue_while_requeues_are_left(idx_dir, mlflow_uri, tmp_path, monkeypatch):
     """Within launcher.max_requeues, the warned run ends KILLED (it resumes after the requeue) and
     the trainer exits with the status its job wrapper requeues on."""
-    from trainer.requeue import REQUEUE_STATUS
+    from trainer.lifecycle.requeue import REQUEUE_STATUS
 
     ck = tmp_path / "ck"
     args = [*COMMON, "epochs=400", "check.reference=false", f"data.dir={idx_dir}", f"save.checkpoint_dir={ck}"]

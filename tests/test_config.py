@@ -8,14 +8,14 @@ import pytest
 from hydra.errors import ConfigCompositionException
 
 from tests.conftest import compose
-from trainer import model, reference
 from trainer.config import validate
+from trainer.core import model, reference
 from trainer.data import pixel_levels
 from trainer.errors import ConfigError
 from trainer.gpu.policy import gemm_mode, overlap_wanted, window_wanted
-from trainer.identity import config_hash
 from trainer.options import gemm_products
 from trainer.override_checks import check_old_keys
+from trainer.record.identity import config_hash
 from trainer.run import schedule_of
 
 

@@ -1,4 +1,4 @@
-"""What else ran while a run's batches were timed (trainer/contention.py): real processes holding
+"""What else ran while a run's batches were timed (trainer/ranks/contention.py): real processes holding
 the host's timing lock, and real trainer runs recording what they saw."""
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ import pytest
 from tests.conftest import MPIEXEC
 from tests.test_trainer_runs import COMMON, only_run, trainer
 from trainer import metrics
-from trainer.contention import TimedSpan
+from trainer.ranks.contention import TimedSpan
 
 HOLD = """
 import json, sys, time
-from trainer.contention import TimedSpan
+from trainer.ranks.contention import TimedSpan
 with TimedSpan(sys.argv[1], sys.argv[2] == "exclusive", "1 rank(s) on cpu", say=lambda m: print(m, flush=True)) as s:
     print("timing", flush=True)
     if sys.argv[3] == "stdin":

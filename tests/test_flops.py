@@ -1,4 +1,4 @@
-"""The performance model of trainer/flops.py: the peaks of each arithmetic, the course's bytes, the rooflines.
+"""The performance model of trainer/core/flops.py: the peaks of each arithmetic, the course's bytes, the rooflines.
 
 Hand-computed values from the course's formulas (the course's 001 Problem 2, 002 Q2.3-2.5) and the
 project's own measurements (docs/benchmarks.md, one H200, B=3200).
@@ -10,7 +10,7 @@ import math
 
 import pytest
 
-from trainer import flops
+from trainer.core import flops
 
 D, C = 784, 10
 
@@ -28,7 +28,7 @@ H200_BEST = [
     ("float32", 1, 2048, 1.093, None),
 ]
 
-# What each GEMM mode multiplies on, written here independently of trainer/flops.py (README, "On GPUs").
+# What each GEMM mode multiplies on, written here independently of trainer/core/flops.py (README, "On GPUs").
 UNIT_OF_MODE = {
     "sgemm": "fp32",
     "float32": "fp32",

@@ -7,13 +7,14 @@ import pytest
 
 from tests.conftest import gpu_available
 from tests.test_trainer_runs import COMMON, only_run, trainer
-from trainer import data, metrics, model, step
-from trainer.backend import select
+from trainer import data, metrics, step
 from trainer.config import Device
+from trainer.core import model
+from trainer.core.generic_step import generic
+from trainer.core.loop import Schedule, fit
 from trainer.errors import ConfigError
-from trainer.generic_step import generic
-from trainer.loop import Schedule, fit
 from trainer.options import StepOptions
+from trainer.ranks.backend import select
 from trainer.step import make_step
 
 
@@ -64,7 +65,7 @@ def test_gpu_requested_without_gpu_is_a_clear_error():
 
 
 def gpu_count() -> int:
-    from trainer.backend import gpu_count as count
+    from trainer.ranks.backend import gpu_count as count
 
     return count() if gpu_available() else 0
 
@@ -208,8 +209,8 @@ def test_overlapped_step_matches_serial_step(dtype, gemm, shuffle, tol):
     losses as the fused step that all-reduces after its backward pass."""
     import cupy
 
-    from trainer import parallel
     from trainer.gpu.nccl import NcclAllreduce
+    from trainer.ranks import parallel
 
     world = parallel.join_world(1)
     ds = data.load(None, 701, None, dtype)

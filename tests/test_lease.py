@@ -1,4 +1,4 @@
-"""Leases (trainer/lease.py): workers sharing GPUs or cores train one at a time on each, and a world
+"""Leases (trainer/ranks/lease.py): workers sharing GPUs or cores train one at a time on each, and a world
 of several ranks takes all its units or none. File locks and real MPI ranks; no GPU is needed."""
 
 from __future__ import annotations
@@ -13,14 +13,14 @@ import time
 import pytest
 
 from tests.conftest import MPIEXEC
-from trainer import lease
-from trainer.lease import Lease
+from trainer.ranks import lease
+from trainer.ranks.lease import Lease
 
 pytestmark = pytest.mark.mpi
 
 WORLD = """
 import sys, time
-from trainer import lease, parallel
+from trainer.ranks import lease, parallel
 world = parallel.join_world(2)
 mine = lease.from_env(world.local_rank)
 waited = mine.acquire(world.comm)

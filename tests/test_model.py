@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from trainer import model
+from trainer.core import model
 
 
 def small_problem(xp, n=7, D=6, H=5, C=4, seed=1):

@@ -1,4 +1,4 @@
-"""How our processes end (trainer/processes.py) and how waiting ranks wait (trainer/parallel.py)."""
+"""How our processes end (trainer/ranks/processes.py) and how waiting ranks wait (trainer/ranks/parallel.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ ENDING = textwrap.dedent(
     import atexit, sys
     from concurrent.futures import ThreadPoolExecutor
     from sweeper.report import drawing
-    from trainer.processes import run_then_exit
+    from trainer.ranks.processes import run_then_exit
 
     def main():
         atexit.register(lambda: print("atexit ran"))
@@ -46,7 +46,7 @@ def test_exit_now_ends_with_the_status_after_handlers_and_pools(tmp_path):
 WAITING = textwrap.dedent(
     """
     import os, sys, time
-    from trainer import parallel
+    from trainer.ranks import parallel
     world = parallel.join_world(2)
     before = os.times()
     if world.rank == 0:
@@ -63,7 +63,7 @@ WAITING = textwrap.dedent(
 
 def test_a_rank_waiting_for_rank_0_sleeps(tmp_path):
     """Real ranks: MPI's blocking wait burns a core for as long as it waits; wait_for_all does not."""
-    from trainer import parallel
+    from trainer.ranks import parallel
 
     script = tmp_path / "waiting.py"
     script.write_text(WAITING)

@@ -16,7 +16,8 @@ import pytest
 
 from tests.browser import is_blank, page_text, render
 from tests.test_sweeper import children_of, parents, sweep
-from trainer import metrics, store
+from trainer import metrics
+from trainer.record import store
 
 pytestmark = pytest.mark.mpi
 TINY = ["epochs=2", "data.n_train=200", "data.n_test=50", "hidden=16"]

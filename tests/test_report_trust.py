@@ -9,7 +9,8 @@ import math
 import subprocess
 import sys
 
-from trainer import metrics, store
+from trainer import metrics
+from trainer.record import store
 
 SWEEP = "trust001"
 # (nproc, lr) -> ms per batch, runs beside, final precision, loss curve

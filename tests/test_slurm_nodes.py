@@ -20,7 +20,8 @@ from tests.test_slurm_requeue import start_now, wait_for
 from tests.test_sweeper import FAST, SLURM, runs, slurm, slurm_answers, sweep
 from tests.test_tracking_server import free_port
 from tests.test_warm import only_sweep
-from trainer import checkpoint, metrics, store
+from trainer import metrics
+from trainer.record import checkpoint, store
 
 MLFLOW = str(Path(sys.executable).parent / "mlflow")
 

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from tests.test_sweeper import SLURM, runs, slurm
-from trainer import checkpoint, metrics, store
+from trainer import metrics
+from trainer.record import checkpoint, store
 
 pytestmark = pytest.mark.mpi
 

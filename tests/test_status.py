@@ -10,7 +10,7 @@ import pytest
 
 from sweeper.status import status_rows
 from tests.test_sweeper import parents
-from trainer import store
+from trainer.record import store
 
 pytestmark = pytest.mark.mpi
 

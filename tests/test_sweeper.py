@@ -16,7 +16,8 @@ from hydra import compose as hydra_compose
 from hydra import initialize_config_dir
 
 from tests.conftest import ROOT
-from trainer import metrics, store
+from trainer import metrics
+from trainer.record import store
 
 pytestmark = pytest.mark.mpi
 FAST = ["epochs=2", "batch_size=50", "data.n_train=200", "data.n_test=50"]
@@ -231,6 +232,8 @@ def test_a_sweep_whose_sweeper_was_killed_is_closed_by_the_next(tmp_path, mlflow
         r.info.status == "RUNNING" and "mlflow.parentRunId" in r.data.tags for r in runs(mlflow_uri)
     ):
         time.sleep(0.5)
+    for job in local_jobs(tmp_path):  # first the jobs (their own sessions), then the sweeper: a crash
+        os.killpg(job, signal.SIGKILL)
     os.killpg(proc.pid, signal.SIGKILL)  # the sweeper and everything it started: nobody ends the runs
     proc.wait()
     assert {r.info.status for r in runs(mlflow_uri)} == {"RUNNING"}
@@ -241,6 +244,38 @@ def test_a_sweep_whose_sweeper_was_killed_is_closed_by_the_next(tmp_path, mlflow
     assert statuses == ["FINISHED", "FINISHED", "KILLED", "KILLED"], statuses  # nothing left RUNNING
     killed = [r for r in runs(mlflow_uri) if r.info.status == "KILLED"]
     assert all("ended without closing the sweep's runs" in r.data.tags[metrics.TAG_ERROR] for r in killed)
+
+
+def local_jobs(folder: Path) -> list[int]:
+    """The process ids of a local sweep's jobs (a local job's id), each a session of its own."""
+    return [int(d.name) for d in folder.glob("multirun/*/*/.submitit/*") if d.name.isdigit()]
+
+
+def test_local_jobs_end_their_runs_when_the_sweeper_is_killed(tmp_path, mlflow_uri):
+    """Local jobs run in sessions of their own (a terminal's Ctrl-C reaches the sweeper alone), yet
+    end with it: the sweeper SIGKILLed alone, each job's trainer ends its run KILLED, no job lives
+    on to train beside the next sweep; the next sweep closes the parent."""
+    runs(mlflow_uri)  # create the store first: polling must not race the sweeper's schema set-up
+    cmd = [sys.executable, "-m", "sweeper", "-m", "hidden=8,16", "epochs=100000", "data.n_train=200"]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    deadline = time.time() + 120
+    while time.time() < deadline and sum(
+        r.info.status == "RUNNING" and "mlflow.parentRunId" in r.data.tags for r in runs(mlflow_uri)
+    ) < 2:
+        time.sleep(0.5)
+    jobs = local_jobs(tmp_path)
+    assert jobs
+    proc.kill()  # the sweeper alone
+    proc.wait()
+    deadline = time.time() + 60
+    while time.time() < deadline and any(Path(f"/proc/{j}").exists() for j in jobs):
+        time.sleep(0.5)
+    assert not [j for j in jobs if Path(f"/proc/{j}").exists()], "a local job outlived its sweeper"
+    kids = [r for r in runs(mlflow_uri) if "mlflow.parentRunId" in r.data.tags]
+    assert sorted(r.info.status for r in kids) == ["KILLED", "KILLED"], [r.info.status for r in kids]
+    result = sweep(["hidden=8", *FAST], tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "RUNNING" not in {r.info.status for r in runs(mlflow_uri)}
 
 
 def slurm_answers() -> bool:

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from trainer import metrics, store, tracking, uri_check
+from trainer import metrics
+from trainer.record import store, tracking, uri_check
 
 
 def test_background_run_records_what_a_foreground_one_does(mlflow_uri):
@@ -135,7 +136,8 @@ def test_a_sigterm_that_a_library_turned_into_its_own_error_still_ends_the_run_k
     import signal
     import time
 
-    from trainer import run, sigterm
+    from trainer import run
+    from trainer.ranks import sigterm
 
     monkeypatch.setattr(sigterm, "_seen", False)
     before = signal.getsignal(signal.SIGTERM)
@@ -163,7 +165,7 @@ def test_a_sigterm_during_a_store_write_is_raised_when_the_write_is_whole(mlflow
     import os
     import signal
 
-    from trainer import sigterm
+    from trainer.ranks import sigterm
 
     monkeypatch.setattr(sigterm, "_seen", False)
     before = signal.getsignal(signal.SIGTERM)
@@ -182,7 +184,7 @@ def test_a_sigterm_during_a_store_write_is_raised_when_the_write_is_whole(mlflow
         [
             sys.executable,
             "-c",
-            f"from trainer import store; store.client({mlflow_uri!r}).set_tag({recorder.run_id!r}, 'k', 'v')",
+            f"from trainer.record import store; store.client({mlflow_uri!r}).set_tag({recorder.run_id!r}, 'k', 'v')",
         ],
         capture_output=True,
         text=True,
@@ -195,7 +197,7 @@ def test_a_sigterm_during_a_store_write_is_raised_when_the_write_is_whole(mlflow
 
 OPEN_AT = """
 import sys, time
-from trainer import store, tracking
+from trainer.record import store, tracking
 while time.time() < float(sys.argv[2]):  # every process opens the store at the same instant
     pass
 store.ensure_experiment(store.client(sys.argv[1]), sys.argv[1], "sweepscale")
@@ -277,7 +279,7 @@ def test_two_trainers_on_a_new_sqlite_store_both_finish(idx_dir, mlflow_uri, tmp
 
 def test_a_crafted_journal_cannot_upload_files_outside_its_folder(mlflow_uri, tmp_path):
     """`python -m sweeper.sync` sends only artifacts the journal copied beside itself (#33)."""
-    from trainer import journal
+    from trainer.record import journal
 
     client = store.client(mlflow_uri)
     run_id = client.create_run(store.ensure_experiment(client, mlflow_uri, "sweepscale")).info.run_id

@@ -13,7 +13,8 @@ import uuid
 import pytest
 
 from tests.test_sweeper import FAST, sweep
-from trainer import journal, metrics, store, tracking
+from trainer import metrics
+from trainer.record import journal, store, tracking
 
 SERVER = os.environ.get("SWEEPSCALE_TEST_SERVER", "http://127.0.0.1:5000")
 DATABASE = os.environ.get("SWEEPSCALE_TEST_DATABASE", "postgresql://mlflow:mlflow@127.0.0.1:5432/mlflow")

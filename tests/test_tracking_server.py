@@ -1,5 +1,5 @@
 """A real `mlflow server` killed in the middle of a run and started again: training never waits on
-it, and the journal (trainer/journal.py) loses nothing and sends nothing twice."""
+it, and the journal (trainer/record/journal.py) loses nothing and sends nothing twice."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from tests.test_trainer_runs import COMMON
-from trainer import journal, metrics
+from trainer import metrics
+from trainer.record import journal
 
 pytestmark = pytest.mark.mpi
 
@@ -92,7 +93,7 @@ def test_a_server_gone_at_a_sweeps_end_costs_a_bounded_wait_and_sync_delivers_ev
     """#33 item 1: the server killed while a 2-point sweep trains. The sweep ends in bounded time
     (sweep.store_wait_s per call) with its table and one line saying what waits and the command
     that sends it; after the server is back, `sweeper.sync` ends every run and the parent."""
-    from trainer.store import client
+    from trainer.record.store import client
 
     port = free_port()
     uri = f"http://127.0.0.1:{port}"

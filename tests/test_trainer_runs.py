@@ -14,10 +14,12 @@ import numpy as np
 import pytest
 
 from tests.conftest import MPIEXEC, ROOT, compose
-from trainer import data, metrics, model, provenance, store, tracking
-from trainer.backend import Backend
-from trainer.generic_step import generic
-from trainer.loop import Schedule, fit
+from trainer import data, metrics
+from trainer.core import model
+from trainer.core.generic_step import generic
+from trainer.core.loop import Schedule, fit
+from trainer.ranks.backend import Backend
+from trainer.record import provenance, store, tracking
 
 pytestmark = pytest.mark.mpi
 
@@ -239,7 +241,7 @@ def test_repeats_below_one_are_refused(tmp_path, mlflow_uri):
 def performance_run(mlflow_uri: str, overrides: list[str], device_name: str, batch_ms: float):
     """record_performance on a real store for a GPU run at H=2048, B=3200 that took batch_ms a batch."""
     from trainer.options import StepOptions
-    from trainer.record import record_performance
+    from trainer.record.run_record import record_performance
 
     cfg = compose(["hidden=2048", "batch_size=3200", *overrides])
     recorder = tracking.Recorder(mlflow_uri, "perf", None, {})
@@ -300,7 +302,7 @@ def test_code_tags_outside_a_git_checkout(tmp_path, monkeypatch):
     """A copy of the package outside any checkout: the version, no git tags; without installed
     metadata, pyproject's version."""
     shutil.copytree(ROOT / "trainer", tmp_path / "pkg" / "trainer", ignore=shutil.ignore_patterns("__pycache__"))
-    code = "from trainer import provenance; print(sorted(provenance.code_tags().items()))"
+    code = "from trainer.record import provenance; print(sorted(provenance.code_tags().items()))"
     env = {**os.environ, "PYTHONPATH": str(tmp_path / "pkg")}
     out = subprocess.run(
         [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, check=True
@@ -341,7 +343,7 @@ def test_a_rank_killed_in_a_standalone_run_ends_it_failed_with_the_cause(mlflow_
 def test_local_ranks_listen_on_loopback_only():
     """A local run's ranks (mpiexec on one host) accept connections on 127.0.0.1 alone, not on the
     machine's other addresses (tests/listening.py reads each rank's listening sockets from /proc)."""
-    from trainer import parallel
+    from trainer.ranks import parallel
 
     cmd = [parallel.find_mpiexec(None), "-n", "2", sys.executable, str(ROOT / "tests" / "listening.py")]
     out = subprocess.run(cmd, env=parallel.mpiexec_env(), capture_output=True, text=True, timeout=60)

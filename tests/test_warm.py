@@ -19,13 +19,14 @@ import numpy as np
 import pytest
 
 from tests.test_sweeper import FAST, SLURM, children_of, parents, runs, slurm, sweep
-from trainer import metrics, store
+from trainer import metrics
+from trainer.record import store
 
 pytestmark = pytest.mark.mpi
 
 
 def _gpus() -> int:
-    from trainer.backend import gpu_count
+    from trainer.ranks.backend import gpu_count
 
     return gpu_count()
 
@@ -180,7 +181,7 @@ def test_slurm_scancel_of_a_chunk_kills_its_points_and_a_rerun_finishes_them(tmp
 
 def test_worker_claims_are_atomic_between_workers(tmp_path):
     """Two workers' rank 0s claim from one queue at once: every ticket is taken exactly once."""
-    from trainer.queue_files import CLAIMED, TODO, claim
+    from trainer.lifecycle.queue_files import CLAIMED, TODO, claim
 
     queue = tmp_path / "q"
     (queue / TODO).mkdir(parents=True)
@@ -188,7 +189,7 @@ def test_worker_claims_are_atomic_between_workers(tmp_path):
     for i in range(200):
         (queue / TODO / f"{i:06d}").write_text(str(tmp_path / f"p{i}"))
     script = (
-        "import sys; from pathlib import Path; from trainer.queue_files import claim\n"
+        "import sys; from pathlib import Path; from trainer.lifecycle.queue_files import claim\n"
         "served = set()\n"
         "while (d := claim(Path(sys.argv[1]), sys.argv[2], served)) is not None: print(d.name)\n"
     )
@@ -204,8 +205,8 @@ def test_worker_claims_are_atomic_between_workers(tmp_path):
 def test_an_early_worker_waits_for_the_seal_or_for_its_sweeper(tmp_path):
     """Workers start before the sweeper writes the tickets: one waits for the seal and, the queue
     empty, ends; one whose sweeper died first ends too (never waits forever)."""
-    from trainer.processes import owner
-    from trainer.queue_files import CLAIMED, OWNER, SEALED, TODO
+    from trainer.lifecycle.queue_files import CLAIMED, OWNER, SEALED, TODO
+    from trainer.ranks.processes import owner
 
     def start(queue: Path, owned_by: str) -> subprocess.Popen:
         for sub in (TODO, CLAIMED):
@@ -230,7 +231,7 @@ def test_the_queue_names_the_data_set_its_workers_load_before_the_seal(tmp_path)
     from sweeper.points import Point
     from sweeper.runners.warm import Queue
     from tests.conftest import compose
-    from trainer.queue_files import DATA_HINT
+    from trainer.lifecycle.queue_files import DATA_HINT
     from trainer.worker import Datasets
 
     cfg = compose(["data.n_train=300", "data.n_test=100"])

@@ -7,11 +7,11 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from trainer import parallel
 from trainer.config import register
 from trainer.errors import ConfigError
 from trainer.override_checks import check_old_keys, note_repeated
-from trainer.processes import run_then_exit
+from trainer.ranks import parallel
+from trainer.ranks.processes import run_then_exit
 from trainer.run import main as run_main
 
 register()

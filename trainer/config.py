@@ -1,6 +1,6 @@
 """Typed schema of the trainer's configuration, registered in Hydra's ConfigStore.
 
-The values live in ``conf/base/trainer.yaml``, ``conf/gpu/``, ``conf/paths/`` and the presets; the
+The values live in ``conf/base/run.yaml``, ``conf/gpu/``, ``conf/paths/`` and the presets; the
 types live here, so Hydra itself rejects unknown keys (``Key 'hiden' not in 'TrainerConfig'``) and
 ill-typed values. Range checks that a type cannot express are in :func:`validate`, run before any
 rank starts or job is submitted; trainer/override_checks.py refuses the keys that moved.
@@ -78,7 +78,7 @@ class Init(str, Enum):
 
 class Timing(str, Enum):
     shared = "shared"  # timed beside whatever else runs on the host, which the run records (timing/beside)
-    exclusive = "exclusive"  # no other run's timed batches on the host meanwhile (trainer/contention.py)
+    exclusive = "exclusive"  # no other run's timed batches on the host meanwhile (trainer/ranks/contention.py)
 
 
 class PixelScale(str, Enum):
@@ -133,7 +133,7 @@ class MlflowConfig:
     # Extra tags, e.g. {sweepscale.sweep_id: ...}.
     tags: dict[str, str] = field(default_factory=dict)
     # With a tracking server (http): the run's writes wait here for it, training never does
-    # (trainer/journal.py). The sweeper sets each point's folder.
+    # (trainer/record/journal.py). The sweeper sets each point's folder.
     spool_dir: str | None = None
 
 
@@ -141,7 +141,7 @@ class MlflowConfig:
 class SaveConfig:
     # Log the initial and final weights (W1, b1, W2, b2) as .npz artifacts.
     weights: bool = MISSING
-    # Per-epoch checkpoints here (trainer/checkpoint.py); a run started again resumes from them.
+    # Per-epoch checkpoints here (trainer/record/checkpoint.py); a run started again resumes from them.
     # Null: none. The sweeper sets each point's folder. Not hashed: where, not what.
     checkpoint_dir: str | None = None
 
@@ -149,7 +149,7 @@ class SaveConfig:
 @dataclass
 class PerfConfig:
     # Peak model TFLOP/s per device for perf/utilization. None: the datasheet peak of the detected
-    # GPU for the arithmetic the run's GEMMs use (trainer/flops.py peak_tflops).
+    # GPU for the arithmetic the run's GEMMs use (trainer/core/flops.py peak_tflops).
     peak_tflops: float | None = MISSING
     # Times the first epoch's batches are timed: 1 = the training run alone; k > 1 times them k - 1
     # more times after training, on a scratch copy of the initial weights (time/batch_ms_repeat).

@@ -22,7 +22,7 @@ ALLREDUCE_GBPS = "perf/allreduce_gbps"
 FLOPS_PER_BATCH = "model/flops_per_batch"
 N_TRAIN = "data/n_train"  # training samples an epoch: what "samples seen" counts
 ALLREDUCE_BYTES = "model/allreduce_bytes"
-# The course's byte model per rank and batch (trainer/flops.py transfer_bytes) and FLOPs per
+# The course's byte model per rank and batch (trainer/core/flops.py transfer_bytes) and FLOPs per
 # rank and batch over their sum (absent when no byte moves: the intensity is unbounded).
 BYTES_PCI = "model/bytes_pci"
 BYTES_MPI = "model/bytes_mpi"
@@ -59,17 +59,17 @@ TAG_WARM = "sweepscale.warm"  # "true" | "false"
 TAG_WORKER = "sweepscale.worker"
 # Each rank's node and device: "0=node1/gpu0 (NVIDIA H100 80GB HBM3); 1=node1/gpu1 (...)", or ".../cpu".
 TAG_RANK_DEVICES = "sweepscale.rank_devices"  # which worker served it (host:pid of its rank 0), warm runs only
-# A run resumed from a checkpoint (trainer/checkpoint.py): the epoch it went on from; the job's restarts.
+# A run resumed from a checkpoint (trainer/record/checkpoint.py): the epoch it went on from; the job's restarts.
 TAG_RESUMED_FROM_EPOCH = "sweepscale.resumed_from_epoch"
 TAG_RESTARTS = "sweepscale.restarts"
-# The CPU reference check (trainer/reference.py): the steps compared (check.steps resolved), and where
+# The CPU reference check (trainer/core/reference.py): the steps compared (check.steps resolved), and where
 # it stands: "pending" while the run has ended and the reference computes, then "done", or "failed: why"
 # or "abandoned: why" (the run's status stays what its training earned).
 TAG_CHECK_STEPS = "sweepscale.check_steps"
 TAG_CHECK = "sweepscale.check"
 # Seconds from the process's start (cold) or the point's claim (warm) to its first batch.
 TIME_TO_FIRST_BATCH = "time/to_first_batch_s"
-# What else ran while the batches were timed (trainer/contention.py): how many other runs of the host,
+# What else ran while the batches were timed (trainer/ranks/contention.py): how many other runs of the host,
 # which ("name (GPUs)"), the seconds waited for the host, and perf.timing (shared | exclusive).
 BESIDE = "timing/beside"
 TAG_BESIDE = "sweepscale.beside"

@@ -1,4 +1,4 @@
-"""How a run's step runs: one frozen value that the run passes to ``make_step`` and records as tags.
+"""How a run's step runs: one frozen value that the run passes to ``step.build`` and records as tags.
 
 The GPU keys (``gpu.*``) say "auto" where the choice depends on what was measured to pay; those
 choices, and the resolution of a config into a StepOptions, live in trainer/gpu/policy.py
@@ -47,7 +47,7 @@ class StepOptions:
 
     @property
     def arithmetic(self) -> str:
-        """The GEMM mode whose peak the run is measured against (trainer/flops.py peak_tflops)."""
+        """The GEMM mode whose peak the run is measured against (trainer/core/flops.py peak_tflops)."""
         if self.kind == "fused":
             return self.gemm
         return "tf32" if self.gemm == "tf32" else self.dtype

@@ -15,37 +15,26 @@ from dataclasses import replace
 import numpy as np
 from omegaconf import DictConfig
 
-from trainer import (
-    checkpoint,
-    console,
-    launch,
-    limits,
-    metrics,
-    model,
-    parallel,
-    reference,
-    reference_jobs,
-    requeue,
-    sigterm,
-    step,
-    store,
-    tracking,
-)
 from trainer import data as data_mod
-from trainer.backend import Backend, gpu_count, pinned, select
-from trainer.check import PendingCheck, first_weights, steps_checked
-from trainer.check import start as start_reference
-from trainer.clock import PhaseClock, process_start
+from trainer import limits, metrics, step
 from trainer.config import Divergence, Gemm, Timing, validate
-from trainer.contention import for_run
+from trainer.core import model, reference
+from trainer.core.clock import PhaseClock, process_start
+from trainer.core.loop import STEP_PHASES, EpochResult, Schedule, Snapshot, check_finite, fit
 from trainer.errors import ConfigError
 from trainer.gpu import policy
-from trainer.loop import STEP_PHASES, EpochResult, Schedule, Snapshot, check_finite, fit
+from trainer.lifecycle import launch, reference_jobs, requeue
+from trainer.lifecycle.check import PendingCheck, first_weights, steps_checked
+from trainer.lifecycle.check import start as start_reference
+from trainer.lifecycle.requeue import TimeLimitReached
 from trainer.options import StepOptions
-from trainer.record import record_beside, record_epoch, record_performance, resume_recording, start_recording
-from trainer.requeue import TimeLimitReached
-from trainer.sigterm import Terminated
-from trainer.uri_check import check_uri
+from trainer.ranks import parallel, sigterm
+from trainer.ranks.backend import Backend, gpu_count, pinned, select
+from trainer.ranks.contention import for_run
+from trainer.ranks.sigterm import Terminated
+from trainer.record import checkpoint, console, store, tracking
+from trainer.record.run_record import record_beside, record_epoch, record_performance, resume_recording, start_recording
+from trainer.record.uri_check import check_uri
 
 
 def main(cfg: DictConfig, argv: list[str]) -> int:

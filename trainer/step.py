@@ -2,10 +2,10 @@
 the flat gradient buffer, the all-reduce, the update), in one of two implementations of the same
 math, picked from the run's StepOptions (trainer/options.py):
 
-- GenericStep (trainer/generic_step.py): model.py's functions, NumPy or CuPy.
+- GenericStep (trainer/core/generic_step.py): model.py's functions, NumPy or CuPy.
 - FusedStep (CuPy only, trainer/gpu/fused_step.py): cuBLAS GEMMs and fused kernels.
 
-``build`` gives ``fit`` (trainer/loop.py) its step, ready: the loop never chooses.
+``build`` gives ``fit`` (trainer/core/loop.py) its step, ready: the loop never chooses.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from trainer import model
-from trainer.generic_step import GenericStep, gradient_buffer
+from trainer.core import model
+from trainer.core.generic_step import GenericStep, gradient_buffer
 from trainer.options import StepOptions
 
 

@@ -9,8 +9,9 @@ import os
 import sys
 from pathlib import Path
 
-from trainer import lease as leases
-from trainer import parallel, store
+from trainer.ranks import lease as leases
+from trainer.ranks import parallel
+from trainer.record import store
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 
@@ -33,14 +34,15 @@ def _gpu(local_rank: int) -> None:
     import numpy as np
     from omegaconf import OmegaConf
 
-    from trainer import model, step
-    from trainer.backend import select
+    from trainer import step
     from trainer.config import TrainerConfig
+    from trainer.core import model
+    from trainer.core.loop import Schedule, fit
     from trainer.gpu import policy
-    from trainer.loop import Schedule, fit
+    from trainer.ranks.backend import select
 
     xp = select("gpu", local_rank).xp  # the context on the rank's GPU
-    values = OmegaConf.load(CONF / "base" / "trainer.yaml")
+    values = OmegaConf.load(CONF / "base" / "run.yaml")
     values.pop("defaults", None)
     values.gpu = OmegaConf.load(CONF / "gpu" / "default.yaml")
     cfg = OmegaConf.merge(OmegaConf.structured(TrainerConfig), values)

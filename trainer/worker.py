@@ -9,10 +9,10 @@ for the end of the sweeper that owns the queue). Rank 0 claims the next ticket b
 ``claimed/<n>.<W>`` (atomic, so workers sharing a queue never take one point twice), the ranks
 train it with MPI, CuPy, MLflow and the data already loaded, and rank 0 writes ``result.json`` in
 the point's folder once the point's run has ended and its CPU check has landed. A run ends with
-its training; on a GPU its check (the reference computed beside, trainer/check.py) lands in it
+its training; on a GPU its check (the reference computed beside, trainer/lifecycle/check.py) lands in it
 later, while the worker trains the next points. The worker ends when the queue is sealed and
 empty and every check has landed. Workers that share GPUs (the local runner's) hold them only
-while they train a point, and CPU workers their cores (trainer/lease.py).
+while they train a point, and CPU workers their cores (trainer/ranks/lease.py).
 
 A point that fails on a world of one rank ends FAILED and the worker takes the next; on several
 ranks the failing rank aborts the world (the others may wait in a collective) and the sweeper
@@ -34,15 +34,16 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from trainer import lease as leases
-from trainer import parallel, requeue, sigterm
-from trainer.processes import run_then_exit
-from trainer.queue_files import DATA_HINT, POINT_DATA, TODO, claim, data_key, wait_sealed, write_result
+from trainer.lifecycle import requeue
+from trainer.lifecycle.queue_files import DATA_HINT, POINT_DATA, TODO, claim, data_key, wait_sealed, write_result
+from trainer.ranks import lease as leases
+from trainer.ranks import parallel, sigterm
+from trainer.ranks.processes import run_then_exit
 from trainer.warm_up import warm_up
 
 
 def requeued(status: int) -> bool:
-    """The point stopped for its job to run again (trainer/requeue.py): it gets no result now."""
+    """The point stopped for its job to run again (trainer/lifecycle/requeue.py): it gets no result now."""
     from trainer.run import KILLED_STATUS
 
     return status == requeue.REQUEUE_STATUS or (status == KILLED_STATUS and requeue.by_slurm())
@@ -102,7 +103,7 @@ class Datasets:
 
 def serve(queue: Path, name: str, world: parallel.World) -> int:
     """Train the queue's points until it is empty (0) or a point ended KILLED (its status)."""
-    from trainer import reference_jobs
+    from trainer.lifecycle import reference_jobs
 
     worker = f"{name}@{socket.gethostname()}:{os.getpid()}"
     waiting: list[tuple[Path, float, Any]] = []  # rank 0's trained points whose check is still computing
@@ -150,9 +151,9 @@ def _serve(queue: Path, name: str, world: parallel.World, worker: str, waiting: 
 
 def _prefetch_checks(queue: Path, world: parallel.World, datasets: Datasets) -> None:
     """On a GPU, the queued points' CPU references start now, on the cores the GPU leaves idle:
-    the last point's check no longer trails its training (trainer/check.py)."""
-    from trainer.backend import gpu_count, select
-    from trainer.check import prefetch
+    the last point's check no longer trails its training (trainer/lifecycle/check.py)."""
+    from trainer.lifecycle.check import prefetch
+    from trainer.ranks.backend import gpu_count, select
     from trainer.run import schedule_of
 
     if gpu_count() == 0:  # a CPU worker's references run after their points' timed batches, on its cores
@@ -182,9 +183,9 @@ def _next_point(
     from omegaconf import open_dict
 
     from trainer import metrics
-    from trainer.check import PendingCheck
     from trainer.config import Gemm, validate
     from trainer.errors import ConfigError
+    from trainer.lifecycle.check import PendingCheck
     from trainer.run import train_and_defer
 
     point_dir = claim(queue, name, served) if world.rank == 0 else None
@@ -249,8 +250,8 @@ def main(argv: list[str] | None = None) -> int:
     world = parallel.join_world(args.nproc)
     warm_up(world)
     _say(world, "warmed up")
+    from trainer.ranks.sigterm import Terminated
     from trainer.run import KILLED_STATUS
-    from trainer.sigterm import Terminated
 
     try:
         return serve(args.queue.resolve(), args.name, world)
@@ -260,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _say(world: parallel.World, what: str) -> None:
     """Where the worker's start-up stands, in its log: seconds since its process started."""
-    from trainer.clock import process_start
+    from trainer.core.clock import process_start
 
     if world.rank == 0:
         print(f"worker: {what} at {time.time() - process_start():.2f} s", file=sys.stderr, flush=True)

@@ -11,7 +11,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from trainer import metrics, store
+from trainer import metrics
+from trainer.record import store
 
 
 def find_parents(client: Any, experiment_id: str, ids: list[str]) -> list[Any]:

@@ -6,7 +6,7 @@
   do not split a family: its points at one nproc are repeats of one timing.
 - Batch-size studies: at least three points that differ only in batch_size.
 - Each nproc's time per batch is the median over its repeats timed with no other run beside them
-  (trainer/contention.py); where every repeat had company it is used, marked contended, and the
+  (trainer/ranks/contention.py); where every repeat had company it is used, marked contended, and the
   family's flags say so. An efficiency above 1 is flagged with its likely cause.
 """
 

@@ -3,7 +3,7 @@
 As the course does, the roofs use effective rates measured by the runs themselves (Q2.4):
 P_flops from the GEMM phases (forward + backward + update), P_pci from the host-to-device and
 host-staging copies, P_mpi from the all-reduce, each the best any point reached. The FLOP and
-byte model is trainer/flops.py's; the datasheet peak of the arithmetic a run used is drawn too.
+byte model is trainer/core/flops.py's; the datasheet peak of the arithmetic a run used is drawn too.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ import numpy as np
 
 from sweeper.report.plotting import grid, palette, save
 from sweeper.report.study import Point
-from trainer import flops, metrics
+from trainer import metrics
+from trainer.core import flops
 
 
 @dataclass

@@ -4,7 +4,7 @@ Warm (``launcher.warm``, the default): a job is a worker that serves a queue of 
 shape (sweeper/runners/warm.py). Workers start before the sweep's runs are recorded, their
 start-up beside the sweeper's. Every shape's workers start at once (nproc=1: one per GPU, or
 core; nproc=2: one per pair) and share the GPUs or cores, each holding its own only while it
-trains a point (trainer/lease.py): start-up overlaps, training never does. Cold (a job per
+trains a point (trainer/ranks/lease.py): start-up overlaps, training never does. Cold (a job per
 point), jobs start while GPUs or cores are free: never oversubscribed, never shared, and what
 does not fit waits for a release.
 """
@@ -21,10 +21,10 @@ from sweeper.point_job import run_point, run_worker
 from sweeper.points import Point, Shape
 from sweeper.runners.base import WithoutScheduler
 from sweeper.runners.warm import Ticket, WarmPool
-from trainer import lease
-from trainer.backend import visible_gpus
 from trainer.errors import ConfigError
-from trainer.reference_jobs import CORES_ENV
+from trainer.lifecycle.reference_jobs import CORES_ENV
+from trainer.ranks import lease
+from trainer.ranks.backend import visible_gpus
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -182,6 +182,6 @@ class LocalRunner(WithoutScheduler):
 
 def one_core_a_rank(nproc: int) -> dict[str, str]:
     """The environment of CPU ranks that each own a core: one BLAS and OpenMP thread a rank, and the
-    cores the job holds (trainer/reference_jobs.py shares them with the run's CPU check)."""
+    cores the job holds (trainer/lifecycle/reference_jobs.py shares them with the run's CPU check)."""
     one = {key: "1" for key in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
     return {**one, CORES_ENV: str(nproc)}

@@ -5,15 +5,22 @@ that is the sweeper, every job's controller and every trainer. Each of those the
 own, and the controllers printed their KeyboardInterrupt (2-4 tracebacks over the sweep's one
 line). In sessions of their own the jobs hear nothing from the terminal: the sweeper alone gets
 the Ctrl-C, and ends them as it ends them on SIGTERM (sweeper/watch.py: SIGTERM to each job, its
-runs end KILLED). submitit starts the controller (its env is submitit's contract, not ours):
-only the Popen it calls is given ``start_new_session``, and only while this executor submits.
+runs end KILLED). Detached, they must still end with the sweeper: on Linux each controller asks
+the kernel for a SIGTERM when the sweeper dies (a SIGKILL, a closed login), which it passes to its
+trainer, whose run then ends KILLED; a later sweep would otherwise run the point beside it.
+submitit starts the controller (its env is submitit's contract, not ours): only the Popen it calls
+is given ``start_new_session`` and that request, and only while this executor submits.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import functools
+import os
+import signal
 import subprocess
+import sys
 from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
@@ -30,10 +37,24 @@ class LocalExecutor(submitit.LocalExecutor):
             return super()._submit_command(command)
 
 
+PR_SET_PDEATHSIG = 1  # prctl(2): the signal this process gets when its parent thread ends
+_PRCTL = ctypes.CDLL(None, use_errno=True).prctl if sys.platform == "linux" else None  # resolved here, not in the child
+_SWEEPER = os.getpid()
+
+
+def _end_with_the_sweeper() -> None:
+    """In the child, before submitit's controller starts: SIGTERM when the sweeper is gone."""
+    if _PRCTL is not None:
+        _PRCTL(PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != _SWEEPER:  # it died before the request: no signal will come
+            os._exit(1)
+
+
 @contextlib.contextmanager
 def _own_sessions() -> Iterator[None]:
     module = submitit_local.subprocess
-    submitit_local.subprocess = SimpleNamespace(Popen=functools.partial(subprocess.Popen, start_new_session=True))
+    popen = functools.partial(subprocess.Popen, start_new_session=True, preexec_fn=_end_with_the_sweeper)
+    submitit_local.subprocess = SimpleNamespace(Popen=popen)
     try:
         yield
     finally:

@@ -25,8 +25,9 @@ from sweeper.runners import bootstrap, partition
 from sweeper.runners.base import SchedulerAwayError
 from sweeper.runners.sbatch import sbatch_preview, share, slurm_parameters
 from sweeper.runners.warm import Queue, WarmPool
-from trainer import parallel, requeue
 from trainer.errors import ConfigError
+from trainer.lifecycle import requeue
+from trainer.ranks import parallel
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -39,7 +40,7 @@ PENDING_POLL_S = 5.0  # squeue, for the progress line's pending jobs: gently on 
 
 class SlurmRunner:
     scheduler: ClassVar[str] = "slurm"
-    checkpoints: ClassVar[bool] = True  # requeues, preemption, time limits (trainer/requeue.py)
+    checkpoints: ClassVar[bool] = True  # requeues, preemption, time limits (trainer/lifecycle/requeue.py)
 
     def __init__(self, launcher: DictConfig, folder: Path, job_name: str) -> None:
         self.launcher, self.folder, self.job_name = launcher, folder, job_name

@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 from sweeper import job_end
 from sweeper.point_job import PointFailedError
 from sweeper.runners.sbatch import SETUP_FAILED
-from trainer import queue_files as protocol
-from trainer.processes import owner
+from trainer.lifecycle import queue_files as protocol
+from trainer.ranks.processes import owner
 
 if TYPE_CHECKING:
     from sweeper.points import Point

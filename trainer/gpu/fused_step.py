@@ -3,7 +3,7 @@ the two large GEMMs (z1 and dW1 = dz1^T X) straight through cuBLAS (gemm.py), an
 fused kernels (kernels.cu) that each pass over the B x H activations at most once: the output layer
 (sigmoid, the 10-wide second layer, softmax, loss), the hidden gradient (dz1, dW2, db1, db2) and the
 SGD+L2 update; with tensor cores also X's preparation for the GEMMs, which ``prepare`` does once for
-the whole run when the batches are the same every epoch (trainer/loop.py, no shuffling). No host
+the whole run when the batches are the same every epoch (trainer/core/loop.py, no shuffling). No host
 synchronisation anywhere in the step. How the GEMMs' operands are laid out and split (the GEMM
 modes sgemm, tf32, tf32x3, bf16x3) is in operands.py.
 
@@ -17,7 +17,7 @@ first half of z1^T = W1 X^T is computed. So an update is done by the next forwar
 ``finish``, before anyone reads the weights), and the step's "allreduce" and "update" phases
 are empty.
 
-Every step has the same five calls, which trainer/loop.py makes in order: forward, backward (or
+Every step has the same five calls, which trainer/core/loop.py makes in order: forward, backward (or
 zero_gradient for a rank without rows), reduce, update, and finish at the end of an epoch.
 """
 
@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from trainer import model
+from trainer.core import model
 from trainer.gpu.gemm import Gemm, leading
 from trainer.gpu.operands import GemmOperands, PreparedX
 from trainer.gpu.policy import sums_beside_gemm

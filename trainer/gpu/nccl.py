@@ -5,21 +5,27 @@ CuPy's binding (cupy.cuda.nccl) has no calls for NCCL's memory windows (NCCL 2.2
 NCCL_WIN_COLL_SYMMETRIC)`` lets NCCL run its symmetric kernels, which read and write the peers'
 buffers directly over NVLink. So the trainer talks to the library CuPy loaded (the same
 libnccl) itself, with these few calls. NcclAllreduce is the all-reduce that
-trainer/parallel.py's make_allreduce gives the step on GPUs with NCCL.
+trainer/ranks/parallel.py's make_allreduce gives the step on GPUs with NCCL.
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from trainer.gpu.policy import OVERLAP_MAX_CTAS, WINDOW_CTAS
 
-if TYPE_CHECKING:
-    from trainer.parallel import World
+
+class World(Protocol):
+    """What a communicator needs of the ranks' world (trainer/ranks/parallel.py World has it)."""
+
+    comm: Any  # the MPI communicator: the unique id is broadcast through it
+    rank: int
+    size: int
+
 
 FLOAT32, FLOAT64, SUM = 7, 8, 0  # ncclFloat32, ncclFloat64, ncclSum
 WIN_COLL_SYMMETRIC = 0x01
@@ -117,7 +123,7 @@ class NcclAllreduce:
     them (NCCL 2.27+), so NCCL can sum them with its symmetric kernels; the
     buffer to sum must come from ``empty`` for that. ``window_state`` says what was done."""
 
-    via = "nccl"  # how the sums go (trainer/flops.py COMMS)
+    via = "nccl"  # how the sums go (trainer/core/flops.py COMMS)
 
     def __init__(self, world: World, dtype: Any, beside_gemm: bool = False, window: bool = False) -> None:
         import cupy

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from trainer.processes import alive
+from trainer.ranks.processes import alive
 
 DIR_ENV = "SWEEPSCALE_TIMING_DIR"
 KEEP_S = 3600  # an ended run's marker stays this long: the runs that overlapped it still read it

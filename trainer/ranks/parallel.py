@@ -71,7 +71,7 @@ BY_MPIEXEC = "SWEEPSCALE_MPIEXEC"
 
 def mpiexec_settings(one_host: bool = True) -> dict[str, str]:
     """What an mpiexec's environment needs beyond the caller's. Open MPI's mpirun binds each rank to
-    a core unless told not to, and a rank's CPU check (trainer/reference_jobs.py) would inherit that
+    a core unless told not to, and a rank's CPU check (trainer/lifecycle/reference_jobs.py) would inherit that
     one core. On one host: its ranks listen on loopback alone, and MPICH's Hydra forks its proxy
     (inside a Slurm allocation it would start it with srun). As root, Open MPI's consent. (MPICH's
     Hydra still binds its own control port to every address: no option of its binds it to one.)"""
@@ -167,7 +167,7 @@ class HostAllreduce:
         self.comm, self.size, self.in_place = world.comm, world.size, MPI.IN_PLACE
         self.xp, self.dtype = xp, dtype
         self.on_gpu = xp is not np
-        self.via = "mpi" if self.on_gpu else "host"  # how the sums go (trainer/flops.py COMMS)
+        self.via = "mpi" if self.on_gpu else "host"  # how the sums go (trainer/core/flops.py COMMS)
         self.host = None
         if self.on_gpu and self.size > 1:
             import cupyx

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
-from trainer import model
-from trainer.generic_step import generic
-from trainer.loop import Schedule, Snapshot, fit
+from trainer.core import model
+from trainer.core.generic_step import generic
+from trainer.core.loop import Schedule, Snapshot, fit
 
 # Bump when the math or the init changes, so stale cached references are never reused.
 VERSION = 2

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from trainer import metrics
 
-PACKAGE_DIR = Path(__file__).resolve().parent
+PACKAGE_DIR = Path(__file__).resolve().parents[1]  # trainer/
 DISTRIBUTION = "sweepscale"
 GIT_TIMEOUT_S = 5
 

@@ -6,7 +6,7 @@ again, so that they leave no result behind and it resumes from its checkpoint.
 
 The warning before a time limit (submitit's ``#SBATCH --signal=USR2@90``) is SIGUSR2. It only
 raises a flag: the ranks finish the epoch they are in (its checkpoint is written,
-trainer/checkpoint.py), agree that one of them was warned, and stop together. The run then ends
+trainer/record/checkpoint.py), agree that one of them was warned, and stop together. The run then ends
 KILLED and the process exits with :data:`REQUEUE_STATUS`, which tells the job's wrapper
 (sweeper/point_job.py) to requeue the job, which resumes from the checkpoint into the same run;
 after ``launcher.max_requeues`` restarts it ends FAILED instead, saying how far it got.

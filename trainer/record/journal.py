@@ -1,7 +1,7 @@
 """A run's writes kept on disk until the tracking server has them: training never waits on it.
 
 With ``mlflow.spool_dir`` and an http(s) tracking URI (a sweep sets each point's folder), the
-recorder (trainer/tracking.py) appends every write, metrics, tags, params, texts, artifacts and
+recorder (trainer/record/tracking.py) appends every write, metrics, tags, params, texts, artifacts and
 the run's end, to ``journal.jsonl`` there, one JSON line each, and a thread sends them in order.
 Writes may follow the end (a CPU check landing after the run ended): the end's line then says
 ``close: false`` and a ``close`` line comes last; the journal is done once its last line is sent.
@@ -139,7 +139,7 @@ class Sender(threading.Thread):
 def send_left(folder: str | os.PathLike) -> list[tuple[Path, str]]:
     """Send every journal under ``folder`` (``python -m sweeper.sync``, a sweep's end): (journal,
     what happened) for each, "sent", "sent, run still open" or the store's error."""
-    from trainer.store import client
+    from trainer.record.store import client
 
     out, away = [], set()
     for path in sorted(Path(folder).rglob(FILE)):

@@ -1,5 +1,5 @@
 """Recording a run in MLflow: rank 0 writes, in batches; any rank can mark the run failed.
-Which store, and opening it: trainer/store.py."""
+Which store, and opening it: trainer/record/store.py."""
 
 from __future__ import annotations
 
@@ -11,8 +11,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from trainer import journal, metrics, sigterm
-from trainer.store import client, ensure_experiment
+from trainer import metrics
+from trainer.ranks import sigterm
+from trainer.record import journal
+from trainer.record.store import client, ensure_experiment
 
 BATCH = 1000  # MLflow's limit of metrics per log_batch call
 Tags = dict[str, str] | Callable[[], dict[str, str]]  # a run's tags, or a function giving them when it is created
@@ -39,7 +41,7 @@ class Recorder:
     ) -> None:
         """``tags``: the run's, or a function giving them (called where the run is created).
         ``resume``: the id of a run to go on recording into (a checkpoint's) instead of a new one.
-        ``spool``: with a tracking server (http), a folder where the writes wait for it (trainer/journal.py)."""
+        ``spool``: with a tracking server (http), a folder where the writes wait for it (trainer/record/journal.py)."""
         self.uri = uri
         self._spool = spool if uri.startswith(("http://", "https://")) else None
         self.journal: journal.Journal | None = None

@@ -1,6 +1,6 @@
 """The generic SGD step: model.py's functions, NumPy or CuPy, one array op per kernel. The readable
 reference, and what the CPU ranks and the sequential check run (the fused GPU step,
-trainer/gpu/fused_step.py, has the same five calls). trainer/loop.py makes them in order: forward,
+trainer/gpu/fused_step.py, has the same five calls). trainer/core/loop.py makes them in order: forward,
 backward (or zero_gradient for a rank without rows), reduce, update, and finish at the end of an
 epoch.
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainer import model
+from trainer.core import model
 
 
 def gradient_buffer(allreduce: Any, xp: Any, n: int, dtype: Any) -> Any:

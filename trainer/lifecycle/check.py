@@ -1,5 +1,5 @@
 """The course's CPU check of a run: the sequential NumPy reference of its first k steps, started
-beside the training (trainer/reference_jobs.py), and its weight error, logged into the run when it
+beside the training (trainer/lifecycle/reference_jobs.py), and its weight error, logged into the run when it
 lands, after the run ended if need be (the run ends with its training: a check still computing is
 the tag sweepscale.check=pending, not a RUNNING run)."""
 
@@ -12,18 +12,21 @@ from typing import Any
 import numpy as np
 from omegaconf import DictConfig
 
-from trainer import console, metrics, model, reference, reference_jobs, tracking
+from trainer import metrics
 from trainer.config import check_steps
+from trainer.core import model, reference
+from trainer.core.loop import Schedule
 from trainer.data import N_CLASSES
-from trainer.loop import Schedule
-from trainer.sigterm import Terminated
+from trainer.lifecycle import reference_jobs
+from trainer.ranks.sigterm import Terminated
+from trainer.record import console, tracking
 
 
 def start(
     cfg: DictConfig, layout: model.Layout, schedule: Schedule, init: np.ndarray, ds: Any, steps: int
 ) -> reference_jobs.Job:
     """The sequential NumPy run of this config's first ``steps`` steps, started beside the training
-    (trainer/reference_jobs.py)."""
+    (trainer/lifecycle/reference_jobs.py)."""
     dtype, seed, init_kind, scale = cfg.dtype.value, cfg.seed, cfg.model.init.value, cfg.data.scale.value
 
     def key(fingerprint: str) -> str:

@@ -5,7 +5,7 @@ temporary file, then a rename), before it logs the epoch's metrics: a process ki
 moment leaves either the previous checkpoint or this one, never half of one. It holds the flat
 weights, the epochs and global steps done, the MLflow run's id, the key of the config that
 computes them, the last epoch's result, which a resumed run logs again if the store never got
-it, and the weights the CPU check compares once they were taken (trainer/check.py). No random
+it, and the weights the CPU check compares once they were taken (trainer/lifecycle/check.py). No random
 state is kept because none evolves: the initial weights and each epoch's shuffle are drawn from
 ``seed`` alone (model.init_params, loop.epoch_order), so epoch k+1 from a checkpoint of epoch k
 updates exactly as the uninterrupted run does.
@@ -43,7 +43,7 @@ class Checkpoint:
 def resume_key(cfg: Any) -> str:
     """What the weights depend on: the config's hash without the fault to inject (a run killed by
     an injected fault resumes without it)."""
-    from trainer.identity import config_hash
+    from trainer.record.identity import config_hash
 
     return config_hash(cfg, ignore=("fault",))
 

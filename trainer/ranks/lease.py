@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from trainer import parallel
+from trainer.ranks import parallel
 
 DIR_ENV, UNITS_ENV = "SWEEPSCALE_LEASE_DIR", "SWEEPSCALE_LEASE"
 RETRY_S = (0.005, 0.02)  # a random pause between tries, so that two waiting worlds do not keep colliding

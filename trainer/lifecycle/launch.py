@@ -11,7 +11,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from trainer import metrics, parallel, store
+from trainer import metrics
+from trainer.ranks import parallel
+from trainer.record import store
 
 RUN_ID_FILE = "SWEEPSCALE_RUN_ID_FILE"  # where rank 0 writes its run's id for the process that started the ranks
 

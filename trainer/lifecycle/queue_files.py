@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from trainer.processes import alive
+from trainer.ranks.processes import alive
 
 TODO, CLAIMED = "todo", "claimed"
 SEALED = "sealed"  # every ticket is written

@@ -22,7 +22,7 @@ _IMPORTED = time.time()  # process_start's fallback: as early as this module is 
 def process_start() -> float:
     """When this process started, as a ``time.time()`` value. Linux: its start in the kernel's boot
     clock (/proc/self/stat field 22, clock ticks), put on the wall clock through CLOCK_BOOTTIME
-    (/proc/stat's btime is whole seconds only); elsewhere, when trainer.clock was first imported."""
+    (/proc/stat's btime is whole seconds only); elsewhere, when trainer.core.clock was first imported."""
     try:
         with open("/proc/self/stat") as f:
             fields = f.read().rsplit(")", 1)[1].split()  # after "pid (comm)": comm may hold spaces

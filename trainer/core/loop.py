@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from trainer.clock import PhaseClock
+from trainer.core.clock import PhaseClock
 
 # Phases timed in every batch, in order; "batch" is their sum.
 STEP_PHASES = ("h2d", "forward", "backward", "allreduce", "update")
@@ -149,7 +149,7 @@ def fit(
     copied to the device one slice per batch (the "h2d" phase). Every rank runs this with the
     same params and schedule; ``step`` (trainer/step.py build: generic or fused, with its gradient
     buffer and all-reduce) updates ``params`` in place, one batch at a time. ``start_epoch`` > 1 resumes
-    from ``params`` as a checkpoint left them after epoch ``start_epoch - 1`` (trainer/checkpoint.py).
+    from ``params`` as a checkpoint left them after epoch ``start_epoch - 1`` (trainer/record/checkpoint.py).
     ``snapshot`` takes a copy of the weights after its step (the CPU reference check compares those);
     ``on_step`` is told the steps done after each one.
     """

@@ -1,5 +1,5 @@
 """What a run records in MLflow beside its losses: the config, the tags and the performance metrics
-(phase times, the FLOP model's rates, bytes moved, utilization). The CPU check: trainer/check.py."""
+(phase times, the FLOP model's rates, bytes moved, utilization). The CPU check: trainer/lifecycle/check.py."""
 
 from __future__ import annotations
 
@@ -9,13 +9,16 @@ from typing import Any
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
-from trainer import console, flops, metrics, model, parallel, store, tracking
-from trainer.backend import Backend
-from trainer.checkpoint import Checkpoint
-from trainer.contention import TimedSpan
-from trainer.identity import config_hash
-from trainer.loop import EpochResult
+from trainer import metrics
+from trainer.core import flops, model
+from trainer.core.loop import EpochResult
 from trainer.options import StepOptions
+from trainer.ranks import parallel
+from trainer.ranks.backend import Backend
+from trainer.ranks.contention import TimedSpan
+from trainer.record import console, store, tracking
+from trainer.record.checkpoint import Checkpoint
+from trainer.record.identity import config_hash
 
 GENERIC = StepOptions()  # the generic step's options: a run's default
 
@@ -58,7 +61,9 @@ def start_recording(
     configured = configured_tags(cfg)
 
     def tags() -> dict[str, str]:
-        from trainer import provenance  # git and importlib.metadata: with the run's creation, off the first batch's way
+        from trainer.record import (
+            provenance,  # git and importlib.metadata: with the run's creation, off the first batch's way
+        )
 
         return {**own, **provenance.code_tags(), **provenance.job_tags(), **configured}
 
@@ -84,7 +89,7 @@ def resume_recording(uri: str, ckpt: Checkpoint, hosts: list[str], cfg: DictConf
     """The checkpoint's run, RUNNING again (a requeued or restarted job goes on where it stopped, or
     a later sweep resumes it: the run joins that sweep); the checkpoint's own epoch is logged again
     in case the store never got it (the recorder drops what it holds)."""
-    from trainer import provenance
+    from trainer.record import provenance
 
     tags = {
         **configured_tags(cfg),
@@ -135,7 +140,7 @@ def record_performance(
     perf/utilization divides by the peak of the arithmetic the GEMMs ran on (``options``: the GEMM
     mode and the products per model GEMM; perf.peak_tflops overrides it);
     a utilization above 1 means that peak is wrong and is not logged: the tag
-    sweepscale.utilization_error says why. ``comm``: trainer/flops.py COMMS. With ``overlap`` the
+    sweepscale.utilization_error says why. ``comm``: trainer/core/flops.py COMMS. With ``overlap`` the
     allreduce phase is only a wait, so no all-reduce bandwidth is derived."""
     B, D, H, C = cfg.batch_size, layout.D, layout.H, layout.C
     if n_train is not None:
@@ -186,7 +191,7 @@ def record_performance(
                         f"not logged: {tflops:.4g} TFLOP/s on {nproc} x {backend.device_name} would be "
                         f"{utilization:.3g} of the peak, {peak:.4g} TFLOP/s per device ({arithmetic}); a run "
                         "cannot beat its peak, so that peak is wrong for this arithmetic: fix perf.peak_tflops "
-                        "or trainer/flops.py PEAKS"
+                        "or trainer/core/flops.py PEAKS"
                     )
                 }
             )

@@ -31,10 +31,10 @@ from typing import Any
 
 import numpy as np
 
-from trainer import model
-from trainer.backend import visible_gpus
-from trainer.loop import Schedule
-from trainer.processes import alive
+from trainer.core import model
+from trainer.core.loop import Schedule
+from trainer.ranks.backend import visible_gpus
+from trainer.ranks.processes import alive
 
 RUNNING = ".running"  # in the cache folder: one marker per reference computing, "<host>.<pid>"
 CORES_ENV = "SWEEPSCALE_CORES"  # the cores a CPU job holds, where its runner says (sweeper/runners/local.py)
@@ -140,7 +140,7 @@ def compute(
     key whatever the number of processes asking (the first takes the lock; the others read its file)."""
     from threadpoolctl import ThreadpoolController
 
-    from trainer import reference
+    from trainer.core import reference
 
     cache.mkdir(parents=True, exist_ok=True)
     with open(cache / f"{key}.lock", "a") as lock:
