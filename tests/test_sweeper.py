@@ -259,9 +259,10 @@ def test_local_jobs_end_their_runs_when_the_sweeper_is_killed(tmp_path, mlflow_u
     cmd = [sys.executable, "-m", "sweeper", "-m", "hidden=8,16", "epochs=100000", "data.n_train=200"]
     proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     deadline = time.time() + 120
-    while time.time() < deadline and sum(
-        r.info.status == "RUNNING" and "mlflow.parentRunId" in r.data.tags for r in runs(mlflow_uri)
-    ) < 2:
+    while (
+        time.time() < deadline
+        and sum(r.info.status == "RUNNING" and "mlflow.parentRunId" in r.data.tags for r in runs(mlflow_uri)) < 2
+    ):
         time.sleep(0.5)
     jobs = local_jobs(tmp_path)
     assert jobs
