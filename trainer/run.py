@@ -17,7 +17,7 @@ from omegaconf import DictConfig
 
 from trainer import data as data_mod
 from trainer import limits, metrics, step
-from trainer.config import Divergence, Gemm, Timing, validate
+from trainer.config import Divergence, Timing, validate
 from trainer.core import model, reference
 from trainer.core.clock import PhaseClock, process_start
 from trainer.core.loop import STEP_PHASES, EpochResult, Schedule, Snapshot, check_finite, fit
@@ -41,12 +41,8 @@ def main(cfg: DictConfig, argv: list[str]) -> int:
     """Entry point: returns the process exit status. ``argv`` (the CLI's) re-creates cfg in each rank."""
     try:
         validate(cfg)
-        if cfg.gpu.gemm == Gemm.tf32:  # CuPy reads it at its first matmul; the ranks inherit it
-            os.environ["CUPY_TF32"] = "1"
-        if cfg.device.value == "cpu" or gpu_count() == 0:
-            for key, gpu_only in (("step", "fused"), ("comm", "nccl")):
-                if cfg.gpu[key].value == gpu_only:
-                    raise ConfigError(f"gpu.{key}={gpu_only} needs a GPU and none is used here; set gpu.{key}=auto")
+        os.environ.update(policy.tf32_env(cfg.gpu.gemm.value))  # the ranks inherit it
+        policy.check_gpu_keys(cfg, cfg.device.value != "cpu" and gpu_count() > 0)
         if not parallel.launched_by_mpi():  # the launching process: before any rank starts
             check_uri(store.tracking_uri(cfg.mlflow.tracking_uri))
             limits.check_folders(cfg)
@@ -185,7 +181,7 @@ def train_on_rank(
     allreduce = parallel.make_allreduce(
         options.comm, world, on_gpu, backend.n_devices, xp, n, dtype, options.beside_gemm, options.nccl_window
     )
-    overlap = options.overlap and allreduce.via == "nccl"  # NCCL alone can overlap
+    overlap = options.overlap and allreduce.overlaps  # NCCL alone can
     job, steps = None, steps_checked(cfg, len(ds.y_train), schedule)  # the check compares the first `steps`
     snapshot = Snapshot(steps) if 0 < steps < reference.steps_of("all", len(ds.y_train), schedule) else None
     if snapshot is not None and ckpt is not None and ckpt.snapshot.size:  # taken before the job was requeued
@@ -258,7 +254,7 @@ def train_on_rank(
     record_beside(recorder, span)
     if steps and job is None:  # on the CPU, after the timed batches: it would take their cores
         job = start_reference(cfg, layout, schedule, init, ds, steps)
-    if allreduce.via == "nccl":  # the window's state is known once fit has asked it for the gradient's buffer
+    if allreduce.window_state is not None:  # known once fit has asked it for the gradient's buffer
         recorder.set_tags({"sweepscale.nccl_window": allreduce.window_state})
     final = backend.to_host(params)
     phase_ms = clock.medians()

@@ -34,6 +34,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from trainer.gpu import policy
 from trainer.lifecycle import requeue
 from trainer.lifecycle.queue_files import DATA_HINT, POINT_DATA, TODO, claim, data_key, wait_sealed, write_result
 from trainer.ranks import lease as leases
@@ -120,7 +121,7 @@ def _serve(queue: Path, name: str, world: parallel.World, worker: str, waiting: 
     from trainer.run import KILLED_STATUS
 
     datasets = Datasets()
-    tf32 = os.environ.get("CUPY_TF32") == "1"  # read by CuPy once: one GEMM mode per worker
+    tf32 = policy.tf32_here()  # one GEMM mode per worker
     lease = leases.from_env(world.local_rank)
     served: set[Path] = set()  # the points this process claimed
     datasets.preload(os.environ.get(DATA_HINT))  # while the sweeper records the sweep
@@ -201,7 +202,7 @@ def _next_point(
         if cfg.nproc != world.size:
             raise ConfigError(f"nproc={cfg.nproc} but this worker has {world.size} ranks")
         if (cfg.gpu.gemm == Gemm.tf32) != tf32:
-            raise ConfigError(f"gpu.gemm={cfg.gpu.gemm.value}: this worker's CUPY_TF32 says otherwise")
+            raise ConfigError(f"gpu.gemm={cfg.gpu.gemm.value}: this worker's {policy.TF32_ENV} says otherwise")
         with open_dict(cfg):
             cfg.mlflow.tags = {**cfg.mlflow.tags, metrics.TAG_WARM: "true", metrics.TAG_WORKER: worker}
         ds = datasets.get(cfg)

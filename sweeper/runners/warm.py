@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from sweeper import job_end
 from sweeper.point_job import PointFailedError
 from sweeper.runners.sbatch import SETUP_FAILED
+from trainer.gpu import policy
 from trainer.lifecycle import queue_files as protocol
 from trainer.ranks.processes import owner
 
@@ -52,7 +53,7 @@ class Queue:
         """The workers': CuPy's GEMM mode, and the data set they load while the sweeper records."""
         t = self.points[0].trainer
         env = {protocol.DATA_HINT: json.dumps(protocol.data_key(t))}
-        return env | {"CUPY_TF32": "1"} if t.gpu.gemm.value == "tf32" else env
+        return env | policy.tf32_env(t.gpu.gemm.value)
 
     @property
     def mpiexec(self) -> str | None:

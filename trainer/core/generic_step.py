@@ -7,12 +7,25 @@ epoch.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 from trainer.core import model
 
 
-def gradient_buffer(allreduce: Any, xp: Any, n: int, dtype: Any) -> Any:
+class AllReduce(Protocol):
+    """What a step asks of an all-reduce (trainer/ranks/parallel.py HostAllreduce, trainer/gpu/nccl.py
+    NcclAllreduce): its own gradient buffer, the sum in place, and what it can and did do."""
+
+    via: str  # how the sums go: host, mpi (staged through host memory) or nccl (trainer/core/flops.py COMMS)
+    overlaps: bool  # it can sum part of the buffer while the step computes the rest (start, sum_on)
+    window_state: str | None  # NCCL's symmetric window: what was done; None where there is no window
+
+    def empty(self, n: int) -> Any: ...
+
+    def __call__(self, buf: Any) -> None: ...
+
+
+def gradient_buffer(allreduce: AllReduce | None, xp: Any, n: int, dtype: Any) -> Any:
     """The flat buffer a step fills and ``allreduce`` sums: the all-reduce's own (NCCL keeps it in
     its window), else a plain array for one rank."""
     return allreduce.empty(n) if allreduce is not None else xp.empty(n, dtype=dtype)

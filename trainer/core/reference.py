@@ -61,6 +61,13 @@ def cache_key(
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:20]
 
 
+def cached(cache: Path, key: str) -> np.ndarray | None:
+    """The reference's weights under ``key`` in ``cache``, or None: a file there is complete (it is
+    written aside and renamed into place)."""
+    path = Path(cache) / f"{key}.npy"
+    return np.load(path) if path.is_file() else None
+
+
 def reference_params(
     layout: model.Layout,
     init: np.ndarray,
@@ -74,14 +81,14 @@ def reference_params(
 ) -> tuple[np.ndarray, bool]:
     """The sequential NumPy run's weights after its first ``steps`` steps, and whether they came from
     the cache (else computed and written there); ``on_step`` is told each step done."""
-    path = Path(cache) / f"{key}.npy"
-    if path.is_file():
-        return np.load(path), True
+    if (weights := cached(cache, key)) is not None:
+        return weights, True
     snapshot = Snapshot(steps, stop=True)
     epochs = -(-steps // -(-len(y) // schedule.batch_size))
     params = init.copy()
     schedule = replace(schedule, epochs=epochs)
     fit(generic(np, layout, params), np, params, x, y, schedule, snapshot=snapshot, on_step=on_step)
+    path = Path(cache) / f"{key}.npy"
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".{os.getpid()}.tmp.npy")
     np.save(tmp, snapshot.weights)

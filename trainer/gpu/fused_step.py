@@ -120,7 +120,7 @@ class FusedStep(GemmOperands):
         # computed: part 0 = gbuf[:cut] (dW1's first rows), part 1 = the rest (with b1, W2, b2, loss).
         gbuf = self.gbuf
         self.allreduce = allreduce
-        self.overlap = overlap and hasattr(allreduce, "start")  # NcclAllreduce can
+        self.overlap = overlap and allreduce is not None and allreduce.overlaps  # NcclAllreduce can
         # The cut on a multiple of 32 rows: row-major z1's column slices then start on a 128-byte
         # boundary (a cut at row 819 of 2048 made the step 1.24x as long as one at row 768, docs/benchmarks.md).
         h0 = min(H, max(32, 32 * round(self.FIRST_PART * H / 32))) if self.overlap else H

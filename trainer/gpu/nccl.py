@@ -124,6 +124,7 @@ class NcclAllreduce:
     buffer to sum must come from ``empty`` for that. ``window_state`` says what was done."""
 
     via = "nccl"  # how the sums go (trainer/core/flops.py COMMS)
+    overlaps = True  # start / sum_on: a part summed on a stream of its own while the step computes
 
     def __init__(self, world: World, dtype: Any, beside_gemm: bool = False, window: bool = False) -> None:
         import cupy

@@ -6,10 +6,16 @@ docs/benchmarks.md. Pure Python: importing it needs no CuPy.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from trainer.data import pixel_levels
+from trainer.errors import ConfigError
 from trainer.options import TENSOR_CORE_GEMMS, StepOptions
+
+# CuPy reads it once, at its first matmul: a process runs one GEMM mode (gpu.gemm=tf32 sets it).
+TF32_ENV = "CUPY_TF32"
+GPU_ONLY = {"step": "fused", "comm": "nccl"}  # gpu.<key> values that need a GPU
 
 # NCCL's blocks beside the step's GEMMs: 8 beat NCCL's default (docs/benchmarks.md, A GEMM beside the all-reduce).
 OVERLAP_MAX_CTAS = 8
@@ -67,3 +73,22 @@ def step_options(cfg: Any, backend_kind: str) -> StepOptions:
         nccl_window=window_wanted(gpu.nccl_window.value, beside_gemm),
         profile=gpu.profile,
     )
+
+
+def tf32_env(gemm: str) -> dict[str, str]:
+    """The environment a process of this gpu.gemm starts with (its ranks and warm workers too)."""
+    return {TF32_ENV: "1"} if gemm == "tf32" else {}
+
+
+def tf32_here() -> bool:
+    """Whether this process's CuPy runs its float32 matmuls as TF32."""
+    return os.environ.get(TF32_ENV) == "1"
+
+
+def check_gpu_keys(cfg: Any, gpu_used: bool) -> None:
+    """Refuse gpu.* values that need a GPU where none is used, before any rank starts."""
+    if gpu_used:
+        return
+    for key, gpu_only in GPU_ONLY.items():
+        if cfg.gpu[key].value == gpu_only:
+            raise ConfigError(f"gpu.{key}={gpu_only} needs a GPU and none is used here; set gpu.{key}=auto")

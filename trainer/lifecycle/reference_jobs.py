@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from trainer.core import model
+from trainer.core import model, reference
 from trainer.core.loop import Schedule
 from trainer.ranks.backend import visible_gpus
 from trainer.ranks.processes import alive
@@ -116,9 +116,8 @@ def _prepare(
     try:
         hashed = fingerprint()
         key = key_of(hashed)
-        path = cache / f"{key}.npy"
-        if path.is_file():  # complete once there (written by os.replace): no process needed
-            job.future.set_result(Reference(np.load(path), True, key))
+        if (weights := reference.cached(cache, key)) is not None:  # no process needed
+            job.future.set_result(Reference(weights, True, key))
             return
         data = _share(hashed, x, y)
         params, cached = _pool_submit(compute, data, layout, init, schedule, steps, cache, key).result()
@@ -140,14 +139,11 @@ def compute(
     key whatever the number of processes asking (the first takes the lock; the others read its file)."""
     from threadpoolctl import ThreadpoolController
 
-    from trainer.core import reference
-
     cache.mkdir(parents=True, exist_ok=True)
     with open(cache / f"{key}.lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or by the kernel if this process dies
-        path = cache / f"{key}.npy"
-        if path.is_file():
-            return np.load(path), True
+        if (weights := reference.cached(cache, key)) is not None:  # the first to hold the lock wrote it
+            return weights, True
         x, y = (_attach(a) for a in data)
         blas, threads = ThreadpoolController(), 0
         with _Running(cache) as running:
