@@ -1,13 +1,20 @@
-"""After the watch: each point's outcome, from its MLflow run and what its job said."""
+"""After the watch: each point's outcome, from its MLflow run and what its job said, and the parent run ended."""
 
 from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig
 
 from sweeper import display, job_end
 from sweeper.point_files import link_rank_logs
 from sweeper.points import Point
 from sweeper.records import SweepRecord
+from sweeper.runners.base import Runner
 from sweeper.watch import Flight
 from trainer import metrics
+from trainer.record import journal
 
 
 def collect(
@@ -77,3 +84,66 @@ def offline(points: list[Point], done_before: dict[str, str], flight: Flight) ->
             status, why = ("FAILED", job_end.one_line(error)) if error is not None else ("FINISHED", "")
             outcomes.append(display.Outcome(p.name, status, None, why, log))
     return outcomes
+
+
+def close_runs(
+    record: SweepRecord,
+    runner: Runner,
+    sweep_id: str,
+    points: list[Point],
+    done_before: dict,
+    flight: Any,
+    earlier: dict,
+    sweep_dir: Path,
+    opts: DictConfig,
+) -> tuple[list, Exception | None]:
+    """Each point's outcome, read from the store (or, the tracking server away, from the jobs), and
+    the parent run ended; the server's error where it did not answer, else None."""
+    away: Exception | None = None
+    try:
+        if record.uri.startswith(("http://", "https://")):  # what points left while the server was away
+            journal.bound_waits(opts.store_wait_s)  # from here on the sweep's end waits a bounded time
+            for path, what in journal.send_left(sweep_dir):
+                display.console.print(f"tracking journal of {path.parent.name}: {what}")
+        if flight.interrupted:
+            record.kill_running(sweep_id)  # runs whose trainer could not say so
+        watched = {p.name: j.run_id for p, j in earlier.values()}
+        outcomes = collect(record, sweep_id, points, done_before, flight, watched)
+    except Exception as e:
+        if not journal.server_away(e):
+            raise
+        away, outcomes = e, offline(points, done_before, flight)
+    add_jobs(runner, outcomes)
+    ok = all(o.status in ("FINISHED", "SKIPPED") for o in outcomes)
+    away = end_parent(record, "KILLED" if flight.interrupted else "FINISHED" if ok else "FAILED", sweep_dir, away)
+    return outcomes, away
+
+
+def end_parent(record: SweepRecord, status: str, sweep_dir: Path, away: Exception | None) -> Exception | None:
+    """End the parent run, or, the tracking server away, journal its end for `python -m sweeper.sync`."""
+    if away is None:
+        try:
+            record.end_parent(status)
+            return None
+        except Exception as e:
+            if not journal.server_away(e):
+                raise
+            away = e
+    journal.Journal(sweep_dir / "parent", record.uri, record.parent_id).append({"op": "end", "status": status})
+    return away
+
+
+def add_jobs(runner: Runner, outcomes: list[display.Outcome]) -> None:
+    """Each run's scheduler job (the tags its trainer set: an array task as sacct names it, 30_0, else
+    the job id) and what the scheduler says of it; a warm worker's job serves other points after
+    this one, so its state says nothing of this point's and is not shown."""
+    ids = {}
+    for o in outcomes:
+        if o.run is not None:
+            tags = o.run.data.tags
+            ids[o.name] = tags.get(metrics.TAG_SLURM_ARRAY) or tags.get(metrics.TAG_SLURM_JOB)
+    accounts = runner.accounting([i for i in ids.values() if i])
+    for o in outcomes:
+        if ids.get(o.name):
+            warm = o.run.data.tags.get(metrics.TAG_WARM) == "true"
+            o.job = f"{ids[o.name]} {'(warm worker)' if warm else accounts.get(ids[o.name], '')}".strip()

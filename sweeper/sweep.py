@@ -16,7 +16,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from sweeper import display, records, timeline
-from sweeper.collect import collect, offline
+from sweeper.collect import close_runs
 from sweeper.config import validate_sweep
 from sweeper.plan import plan
 from sweeper.point_files import prepare
@@ -29,7 +29,7 @@ from sweeper.runners.warm import withdraw_unclaimed
 from sweeper.timeline import phase
 from sweeper.watch import watch
 from trainer import data, limits, metrics
-from trainer.record import journal, provenance, store, uri_check
+from trainer.record import provenance, store, uri_check
 from trainer.record.checkpoint import resume_key
 
 
@@ -72,23 +72,8 @@ def run_sweep(base: DictConfig, points: list[Point], sweep_dir: Path, overrides:
             record.abandon(e)  # no run of this sweep stays RUNNING
         raise
     with phase("collect"):
-        away: Exception | None = None
-        try:
-            if uri.startswith(("http://", "https://")):  # what points left while the server was away
-                journal.bound_waits(opts.store_wait_s)  # from here on the sweep's end waits a bounded time
-                for path, what in journal.send_left(sweep_dir):
-                    display.console.print(f"tracking journal of {path.parent.name}: {what}")
-            if flight.interrupted:
-                record.kill_running(sweep_id)  # runs whose trainer could not say so
-            watched = {p.name: j.run_id for p, j in earlier.values()}
-            outcomes = collect(record, sweep_id, points, done_before, flight, watched)
-        except Exception as e:
-            if not journal.server_away(e):
-                raise
-            away, outcomes = e, offline(points, done_before, flight)
-        add_jobs(runner, outcomes)
+        outcomes, away = close_runs(record, runner, sweep_id, points, done_before, flight, earlier, sweep_dir, opts)
         ok = all(o.status in ("FINISHED", "SKIPPED") for o in outcomes)
-        away = end_parent(record, "KILLED" if flight.interrupted else "FINISHED" if ok else "FAILED", sweep_dir, away)
     with phase("report"):
         report = write_report(record, sweep_dir) if away is None else None
         drawing.stop()
@@ -103,20 +88,6 @@ def run_sweep(base: DictConfig, points: list[Point], sweep_dir: Path, overrides:
     display.closing(report, record.uri, record.experiment_id, record.parent_id)
     timeline.write(sweep_dir)
     return 130 if flight.interrupted else 0 if ok and away is None else 1
-
-
-def end_parent(record: SweepRecord, status: str, sweep_dir: Path, away: Exception | None) -> Exception | None:
-    """End the parent run, or, the tracking server away, journal its end for `python -m sweeper.sync`."""
-    if away is None:
-        try:
-            record.end_parent(status)
-            return None
-        except Exception as e:
-            if not journal.server_away(e):
-                raise
-            away = e
-    journal.Journal(sweep_dir / "parent", record.uri, record.parent_id).append({"op": "end", "status": status})
-    return away
 
 
 def preflight(runner: Runner, points: list[Point], dry_run: bool) -> str:
@@ -171,22 +142,6 @@ def open_sweep(
             display.console.print(f"resume {p.name}: run {run_id} goes on from its checkpoint of epoch {epoch}")
         prepare(p, record.uri, record.experiment, parent_id, sweep_id, runner.checkpoints, folder)
     return todo, done_before, earlier
-
-
-def add_jobs(runner: Runner, outcomes: list[display.Outcome]) -> None:
-    """Each run's scheduler job (the tags its trainer set: an array task as sacct names it, 30_0, else
-    the job id) and what the scheduler says of it; a warm worker's job serves other points after
-    this one, so its state says nothing of this point's and is not shown."""
-    ids = {}
-    for o in outcomes:
-        if o.run is not None:
-            tags = o.run.data.tags
-            ids[o.name] = tags.get(metrics.TAG_SLURM_ARRAY) or tags.get(metrics.TAG_SLURM_JOB)
-    accounts = runner.accounting([i for i in ids.values() if i])
-    for o in outcomes:
-        if ids.get(o.name):
-            warm = o.run.data.tags.get(metrics.TAG_WARM) == "true"
-            o.job = f"{ids[o.name]} {'(warm worker)' if warm else accounts.get(ids[o.name], '')}".strip()
 
 
 def distinct(points: list[Point], groups: dict) -> tuple[list[Point], dict]:

@@ -11,29 +11,30 @@ import socket
 import sys
 import traceback
 from dataclasses import replace
+from typing import Any
 
-import numpy as np
 from omegaconf import DictConfig
 
 from trainer import data as data_mod
 from trainer import limits, metrics, step
-from trainer.config import Divergence, Timing, validate
-from trainer.core import model, reference
+from trainer.config import Timing, validate
+from trainer.core import reference
 from trainer.core.clock import PhaseClock, process_start
-from trainer.core.loop import STEP_PHASES, EpochResult, Schedule, Snapshot, check_finite, fit
+from trainer.core.loop import STEP_PHASES, Schedule, Snapshot, fit
 from trainer.errors import ConfigError
 from trainer.gpu import policy
-from trainer.lifecycle import launch, reference_jobs, requeue
+from trainer.lifecycle import faults, launch, reference_jobs, requeue
 from trainer.lifecycle.check import PendingCheck, first_weights, steps_checked
 from trainer.lifecycle.check import start as start_reference
+from trainer.lifecycle.epoch_end import EpochEnd
 from trainer.lifecycle.requeue import TimeLimitReached
 from trainer.options import StepOptions
 from trainer.ranks import parallel, sigterm
 from trainer.ranks.backend import Backend, gpu_count, pinned, select
 from trainer.ranks.contention import for_run
 from trainer.ranks.sigterm import Terminated
-from trainer.record import checkpoint, console, store, tracking
-from trainer.record.run_record import record_beside, record_epoch, record_performance, resume_recording, start_recording
+from trainer.record import checkpoint, store, tracking
+from trainer.record.run_record import finish_run, record_beside, record_performance, resume_recording, start_recording
 from trainer.record.uri_check import check_uri
 
 
@@ -166,88 +167,52 @@ def train_on_rank(
     """``origin``: a time.time() value, the start of the time to first batch (None: this process's start).
     ``ckpt``: the checkpoint to resume from. Rank 0 ends its run FINISHED and returns its check, to
     land once the reference is there; other ranks None."""
-    origin = process_start() if origin is None else origin
     xp, on_gpu = backend.xp, backend.kind == "gpu"
     layout, init = first_weights(cfg, ds.n_features)
     schedule = schedule_of(cfg)
     params = xp.array(init if ckpt is None else ckpt.params)  # a copy: init is kept for the reference and the artifact
-    if cfg.data.on_device or not on_gpu:
-        x_train, y_train = xp.asarray(ds.x_train), xp.asarray(ds.y_train)
-    else:  # the course's way: each batch is copied from pinned host memory
-        x_train, y_train = pinned(ds.x_train), pinned(ds.y_train)
-    x_test, y_test = xp.asarray(ds.x_test), xp.asarray(ds.y_test)
+    train, test = placed(cfg, ds, backend)
     clock = PhaseClock(STEP_PHASES, gpu=on_gpu, nvtx=options.profile)
-    n, dtype = layout.size + 1, params.dtype
     allreduce = parallel.make_allreduce(
-        options.comm, world, on_gpu, backend.n_devices, xp, n, dtype, options.beside_gemm, options.nccl_window
+        *(options.comm, world, on_gpu, backend.n_devices, xp, layout.size + 1, params.dtype),
+        *(options.beside_gemm, options.nccl_window),
     )
     overlap = options.overlap and allreduce.overlaps  # NCCL alone can
-    job, steps = None, steps_checked(cfg, len(ds.y_train), schedule)  # the check compares the first `steps`
+    steps = steps_checked(cfg, len(ds.y_train), schedule)  # the check compares the first `steps`
     snapshot = Snapshot(steps) if 0 < steps < reference.steps_of("all", len(ds.y_train), schedule) else None
     if snapshot is not None and ckpt is not None and ckpt.snapshot.size:  # taken before the job was requeued
         snapshot.weights = ckpt.snapshot
-
-    def snapshot_on_host() -> np.ndarray:
-        """The check's weights on the host: copied from the device once (they no longer change)."""
-        if snapshot is None or snapshot.weights is None:
-            return np.zeros(0)
-        if not isinstance(snapshot.weights, np.ndarray):
-            snapshot.weights = backend.to_host(snapshot.weights)
-        return snapshot.weights
-
+    job = None
     if recorder is not None:
         recorder.set_tags(options.tags(type(allreduce).__name__, overlap))
         if steps:
             recorder.set_tags({metrics.TAG_CHECK_STEPS: str(steps)})
         if steps and on_gpu:  # beside the GPU's training, on CPU cores it leaves idle
             job = start_reference(cfg, layout, schedule, init, ds, steps)
+    resume_key = checkpoint.resume_key(cfg) if recorder is not None and cfg.save.checkpoint_dir else ""
+    origin = process_start() if origin is None else origin
+    end = EpochEnd(cfg, world.comm, recorder, backend.to_host, layout, params, test, clock, origin, snapshot)
+    end.resume_key = resume_key
 
-    checkpoints = cfg.save.checkpoint_dir if recorder is not None else None
-    key = checkpoint.resume_key(cfg) if checkpoints else ""  # once: hashing the config is not per epoch work
+    def steps_on(weights: Any) -> Any:  # the step a fit of these weights takes
+        return step.build(options, xp, layout, weights, schedule.batch_size, world.size, allreduce)
 
-    def on_epoch(e: EpochResult) -> None:
-        if recorder is not None:  # rank 0 checkpoints, records, and stops a diverged run (aborting the world)
-            precision = None
-            if len(ds.y_test):
-                precision = float(model.correct(layout.views(params), x_test, y_test)) / len(ds.y_test)
-            if checkpoints and e.epoch < cfg.epochs:  # before the metrics: a kill between them loses none
-                done = e.first_iteration + len(e.losses)
-                acc = np.nan if precision is None else precision
-                state = (backend.to_host(params), e.epoch, done, recorder.run_id, key)
-                saved = checkpoint.Checkpoint(*state, e.losses, e.batch_sizes, e.seconds, acc, snapshot_on_host())
-                checkpoint.save(checkpoints, saved)
-            if e.epoch == 1 and clock.first_start is not None:
-                recorder.metric(metrics.TIME_TO_FIRST_BATCH, clock.first_start - origin)
-            record_epoch(recorder, e, precision)
-            console.epoch_line(e.epoch, cfg.epochs, e.mean_loss, precision, e.seconds)
-            last.update(loss=e.mean_loss, precision=precision)
-            if cfg.check.divergence == Divergence.stop:
-                check_finite(e)
-        if e.epoch < cfg.epochs and requeue.warned(world.comm):  # every rank, together
-            raise TimeLimitReached(e.epoch, cfg.epochs)
-
-    last: dict[str, float | None] = {}
-    fault = cfg.fault.iteration if cfg.fault.rank == world.rank else None
-    rank, size = world.rank, world.size
-    exclusive = cfg.perf.timing == Timing.exclusive
-    span = contextlib.nullcontext() if recorder is None else for_run(cfg.mlflow.run_name, exclusive, size, backend.kind)
+    exclusive, name = cfg.perf.timing == Timing.exclusive, cfg.mlflow.run_name
+    span = contextlib.nullcontext() if recorder is None else for_run(name, exclusive, world.size, backend.kind)
     with span:  # the batches timed: the host's lock held, what else ran meanwhile noted
         parallel.wait_for_all(world.comm)  # every rank starts its clock once rank 0 has the host
         fit(
-            step.build(options, xp, layout, params, schedule.batch_size, size, allreduce),
-            *(xp, params, x_train, y_train, schedule, rank, size, clock, on_epoch, fault),
-            fault_kind=cfg.fault.kind.value,
+            steps_on(params),
+            *(xp, params, *train, schedule, world.rank, world.size, clock, end),
+            before_step=faults.hook(cfg.fault, world.rank),
             start_epoch=1 if ckpt is None else ckpt.epoch + 1,
             snapshot=snapshot,
         )
-        # perf.repeats: the first epoch timed again on scratch weights, on every rank (the sums are collective).
-        repeat_ms = [clock.medians()["batch"]]  # r = 0: the training run's own median
-        first_epoch = replace(schedule, epochs=1)
-        for _ in range(cfg.perf.repeats - 1):  # each on a scratch copy of the initial weights
-            repeat_clock = PhaseClock(STEP_PHASES, gpu=on_gpu)
-            scratch = xp.array(init)
-            scratch_step = step.build(options, xp, layout, scratch, schedule.batch_size, size, allreduce)
-            fit(scratch_step, xp, scratch, x_train, y_train, first_epoch, rank, size, repeat_clock)
+        repeat_ms = [clock.medians()["batch"]]  # perf.repeats: r = 0 is the training run's own median
+        for _ in range(cfg.perf.repeats - 1):  # the first epoch again, on a scratch copy of the initial weights
+            repeat_clock, scratch = PhaseClock(STEP_PHASES, gpu=on_gpu), xp.array(init)
+            first_epoch = replace(schedule, epochs=1)
+            fit(steps_on(scratch), xp, scratch, *train, first_epoch, world.rank, world.size, repeat_clock)
             repeat_ms.append(repeat_clock.medians()["batch"])
     if recorder is None:
         return None
@@ -256,27 +221,23 @@ def train_on_rank(
         job = start_reference(cfg, layout, schedule, init, ds, steps)
     if allreduce.window_state is not None:  # known once fit has asked it for the gradient's buffer
         recorder.set_tags({"sweepscale.nccl_window": allreduce.window_state})
-    final = backend.to_host(params)
-    phase_ms = clock.medians()
     quartiles = {which: clock.quantiles(q) for which, q in metrics.QUANTILES.items()}
-    n_train = len(ds.y_train)
-    args = (recorder, cfg, layout, backend, phase_ms, world.size, overlap)
+    perf = (recorder, cfg, layout, backend, clock.medians(), world.size, overlap)
     record_performance(
-        *args, options=options, comm=allreduce.via, n_train=n_train, quartiles=quartiles, repeat_ms=repeat_ms
+        *perf, options=options, comm=allreduce.via, n_train=len(ds.y_train), quartiles=quartiles, repeat_ms=repeat_ms
     )
-    rows = {
-        "final loss": f"{last['loss']:.5f}",
-        "test precision": "-" if last["precision"] is None else f"{last['precision']:.4f}",
-        "ms per batch (median)": f"{phase_ms['batch']:.3f}",
-        "ranks x device": f"{world.size} x {backend.kind} ({backend.device_name})",
-    }
-    if cfg.save.weights:
-        recorder.log_npz("weights_initial.npz", dict(zip(model.NAMES, layout.views(init))))
-        recorder.log_npz("weights_final.npz", dict(zip(model.NAMES, layout.views(final))))
-    if job is not None:
-        recorder.set_tags({metrics.TAG_CHECK: "pending"})
-    recorder.finish("FINISHED", close=job is None)  # the run ends with its training; its check may land later
-    checkpoint.remove(cfg.save.checkpoint_dir)  # nothing left to resume
-    console.summary(recorder.run_id, recorder.uri, rows)
-    checked = final if snapshot is None else snapshot_on_host()
+    final = backend.to_host(params)
+    finish_run(cfg, recorder, layout, init, final, end.last, clock.medians()["batch"], world.size, backend, job)
+    checked = final if snapshot is None else end.snapshot_on_host()
     return PendingCheck(job, on_gpu, recorder, layout, checked, steps)
+
+
+def placed(cfg: DictConfig, ds: data_mod.Dataset, backend: Backend) -> tuple[tuple[Any, Any], tuple[Any, Any]]:
+    """The training and test sets where the step reads them: on the device, or, the course's way
+    (data.on_device=false on a GPU), the training set in pinned host memory, a batch copied at a time."""
+    xp = backend.xp
+    if cfg.data.on_device or backend.kind != "gpu":
+        train = (xp.asarray(ds.x_train), xp.asarray(ds.y_train))
+    else:
+        train = (pinned(ds.x_train), pinned(ds.y_train))
+    return train, (xp.asarray(ds.x_test), xp.asarray(ds.y_test))

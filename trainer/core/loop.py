@@ -6,8 +6,6 @@ CPU reference: only the array module and the all-reduce differ.
 
 from __future__ import annotations
 
-import os
-import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -86,17 +84,6 @@ def epoch_order(n: int, epoch: int, schedule: Schedule) -> np.ndarray | None:
     return np.random.default_rng([schedule.seed, epoch]).permutation(n)
 
 
-class InjectedFaultError(RuntimeError):
-    """Raised on purpose (config ``fault.*``) to exercise the failure path of runs and sweeps."""
-
-
-def inject_fault(kind: str, rank: int, iteration: int) -> None:
-    """The fault of config ``fault.*``: raise, or (kind=kill) die at once as the OOM killer leaves a rank."""
-    if kind == "kill":
-        os.kill(os.getpid(), signal.SIGKILL)
-    raise InjectedFaultError(f"fault injected on rank {rank} at iteration {iteration} (config fault.*)")
-
-
 def sgd_step(
     step: Any,
     xb: Any,
@@ -137,8 +124,7 @@ def fit(
     size: int = 1,
     clock: PhaseClock | None = None,
     on_epoch: Callable[[EpochResult], None] | None = None,
-    fault_iteration: int | None = None,
-    fault_kind: str = "error",
+    before_step: Callable[[int], None] | None = None,
     start_epoch: int = 1,
     snapshot: Snapshot | None = None,
     on_step: Callable[[int], None] | None = None,
@@ -183,8 +169,8 @@ def fit(
                 xb, yb = xp.asarray(x[rows]), xp.asarray(y[rows])
             if clock:
                 clock.mark()
-            if fault_iteration is not None and iteration == fault_iteration:
-                inject_fault(fault_kind, rank, iteration)
+            if before_step is not None:  # told the iteration about to run (config fault.*: trainer/lifecycle/faults.py)
+                before_step(iteration)
             sgd_step(step, xb, yb, stop - start, schedule, losses[b : b + 1], clock)
             sizes[b] = stop - start
             iteration += 1

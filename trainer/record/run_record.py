@@ -16,7 +16,7 @@ from trainer.options import StepOptions
 from trainer.ranks import parallel
 from trainer.ranks.backend import Backend
 from trainer.ranks.contention import TimedSpan
-from trainer.record import console, store, tracking
+from trainer.record import checkpoint, console, store, tracking
 from trainer.record.checkpoint import Checkpoint
 from trainer.record.identity import config_hash
 
@@ -147,31 +147,59 @@ def record_performance(
         B = min(B, n_train)  # a single, short batch is what was timed
         recorder.metric(metrics.N_TRAIN, n_train)
     itemsize = np.dtype(cfg.dtype.value).itemsize
-    batch_flops = flops.batch_flops(B, D, H, C)
-    ar_bytes = flops.allreduce_bytes(D, H, C, itemsize)
+    batch_flops, ar_bytes = flops.batch_flops(B, D, H, C), flops.allreduce_bytes(D, H, C, itemsize)
     recorder.metric(metrics.FLOPS_PER_BATCH, batch_flops)
     recorder.metric(metrics.ALLREDUCE_BYTES, ar_bytes)
-    rows = -(-B // nproc)  # rank 0's share of the batch, the largest
     images_per_batch = backend.kind == "gpu" and not cfg.data.on_device
+    _record_traffic(recorder, layout, -(-B // nproc), itemsize, nproc, comm, images_per_batch)  # rank 0's rows
+    _record_timings(recorder, phase_ms, quartiles or {}, repeat_ms or [])
+    batch_s = phase_ms["batch"] / 1e3
+    recorder.metric(metrics.SAMPLES_PER_S, B / batch_s)
+    recorder.metric(metrics.TFLOPS, batch_flops / batch_s / 1e12)
+    _record_utilization(recorder, cfg, backend, options, batch_flops / batch_s / 1e12, nproc)
+    if nproc > 1 and not overlap and phase_ms.get("allreduce", 0) > 0:
+        recorder.metric(metrics.ALLREDUCE_GBPS, ar_bytes / (phase_ms["allreduce"] / 1e3) / 1e9)
+
+
+def _record_traffic(
+    recorder: tracking.Recorder,
+    layout: model.Layout,
+    rows: int,
+    itemsize: int,
+    nproc: int,
+    comm: str,
+    images_per_batch: bool,
+) -> None:
+    """The course's bytes moved per rank and batch (PCIe, MPI) and the arithmetic intensity."""
+    D, H, C = layout.D, layout.H, layout.C
     moved = flops.transfer_bytes(rows, D, H, C, itemsize, nproc, comm, images_per_batch)
     recorder.metric(metrics.BYTES_PCI, moved["pci"])
     recorder.metric(metrics.BYTES_MPI, moved["mpi"])
     if moved["pci"] + moved["mpi"]:  # else unbounded, and MLflow would store inf as the largest float
-        recorder.metric(
-            metrics.ARITHMETIC_INTENSITY,
-            flops.arithmetic_intensity(flops.batch_flops(rows, D, H, C), moved["pci"] + moved["mpi"]),
-        )
+        intensity = flops.arithmetic_intensity(flops.batch_flops(rows, D, H, C), moved["pci"] + moved["mpi"])
+        recorder.metric(metrics.ARITHMETIC_INTENSITY, intensity)
+
+
+def _record_timings(
+    recorder: tracking.Recorder,
+    phase_ms: dict[str, float],
+    quartiles: dict[str, dict[str, float]],
+    repeat_ms: list[float],
+) -> None:
     for phase, ms in phase_ms.items():
         recorder.metric(metrics.phase_time(phase), ms)
-    for which, values in (quartiles or {}).items():
+    for which, values in quartiles.items():
         for phase, ms in values.items():
             recorder.metric(metrics.phase_quantile(phase, which), ms)
-    for r, ms in enumerate(repeat_ms or []):
+    for r, ms in enumerate(repeat_ms):
         recorder.metric(metrics.BATCH_MS_REPEAT, ms, r)
-    batch_s = phase_ms["batch"] / 1e3
-    tflops = batch_flops / batch_s / 1e12
-    recorder.metric(metrics.SAMPLES_PER_S, B / batch_s)
-    recorder.metric(metrics.TFLOPS, tflops)
+
+
+def _record_utilization(
+    recorder: tracking.Recorder, cfg: DictConfig, backend: Backend, options: StepOptions, tflops: float, nproc: int
+) -> None:
+    """perf/utilization against the peak of the arithmetic the GEMMs ran on; above 1 the peak is
+    wrong, and a tag says so instead."""
     gemm, products = options.arithmetic, options.products
     arithmetic = flops.peak_arithmetic(gemm, products)
     peak = None
@@ -179,24 +207,23 @@ def record_performance(
         peak, arithmetic = cfg.perf.peak_tflops, f"perf.peak_tflops (the GEMMs: {arithmetic})"
     elif backend.kind == "gpu":
         peak = flops.peak_tflops(backend.device_name, gemm, products)
-    if peak:
-        recorder.set_tags({metrics.TAG_PEAK_TFLOPS: str(peak), metrics.TAG_PEAK_ARITHMETIC: arithmetic})
-        utilization = tflops / (peak * nproc)
-        if utilization <= 1:
-            recorder.metric(metrics.UTILIZATION, utilization)
-        else:
-            recorder.set_tags(
-                {
-                    metrics.TAG_UTILIZATION_ERROR: (
-                        f"not logged: {tflops:.4g} TFLOP/s on {nproc} x {backend.device_name} would be "
-                        f"{utilization:.3g} of the peak, {peak:.4g} TFLOP/s per device ({arithmetic}); a run "
-                        "cannot beat its peak, so that peak is wrong for this arithmetic: fix perf.peak_tflops "
-                        "or trainer/core/flops.py PEAKS"
-                    )
-                }
+    if not peak:
+        return
+    recorder.set_tags({metrics.TAG_PEAK_TFLOPS: str(peak), metrics.TAG_PEAK_ARITHMETIC: arithmetic})
+    utilization = tflops / (peak * nproc)
+    if utilization <= 1:
+        recorder.metric(metrics.UTILIZATION, utilization)
+        return
+    recorder.set_tags(
+        {
+            metrics.TAG_UTILIZATION_ERROR: (
+                f"not logged: {tflops:.4g} TFLOP/s on {nproc} x {backend.device_name} would be "
+                f"{utilization:.3g} of the peak, {peak:.4g} TFLOP/s per device ({arithmetic}); a run "
+                "cannot beat its peak, so that peak is wrong for this arithmetic: fix perf.peak_tflops "
+                "or trainer/core/flops.py PEAKS"
             )
-    if nproc > 1 and not overlap and phase_ms.get("allreduce", 0) > 0:
-        recorder.metric(metrics.ALLREDUCE_GBPS, ar_bytes / (phase_ms["allreduce"] / 1e3) / 1e9)
+        }
+    )
 
 
 def record_beside(recorder: tracking.Recorder, span: TimedSpan) -> None:
@@ -207,3 +234,33 @@ def record_beside(recorder: tracking.Recorder, span: TimedSpan) -> None:
     if span.beside:
         tags[metrics.TAG_BESIDE] = ", ".join(span.beside)[:5000]
     recorder.set_tags(tags)
+
+
+def finish_run(
+    cfg: DictConfig,
+    recorder: tracking.Recorder,
+    layout: model.Layout,
+    init: np.ndarray,
+    final: np.ndarray,
+    last: dict[str, float | None],
+    batch_ms: float,
+    size: int,
+    backend: Backend,
+    job: Any,  # the check's reference job, None when there is none
+) -> None:
+    """Rank 0: the weights kept, the run FINISHED with its training (its check may land later), the
+    checkpoint gone, the summary printed."""
+    if cfg.save.weights:
+        recorder.log_npz("weights_initial.npz", dict(zip(model.NAMES, layout.views(init))))
+        recorder.log_npz("weights_final.npz", dict(zip(model.NAMES, layout.views(final))))
+    if job is not None:
+        recorder.set_tags({metrics.TAG_CHECK: "pending"})
+    recorder.finish("FINISHED", close=job is None)
+    checkpoint.remove(cfg.save.checkpoint_dir)  # nothing left to resume
+    rows = {
+        "final loss": f"{last['loss']:.5f}",
+        "test precision": "-" if last["precision"] is None else f"{last['precision']:.4f}",
+        "ms per batch (median)": f"{batch_ms:.3f}",
+        "ranks x device": f"{size} x {backend.kind} ({backend.device_name})",
+    }
+    console.summary(recorder.run_id, recorder.uri, rows)
