@@ -1,6 +1,7 @@
 """The report's figures drawn side by side in child processes: each figure is a few hundred
 milliseconds of matplotlib, and a report has up to eight. The sweep starts the pool while its
-points run (:func:`warm_up`: the children import matplotlib meanwhile); without it, each figure is
+points run (:func:`warm_up`: the children import matplotlib meanwhile), a child a core in two
+(one on two cores: the sweeper draws every other figure meanwhile); without it, each figure is
 drawn here, in turn."""
 
 from __future__ import annotations
@@ -12,15 +13,18 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from typing import Any
 
 _pool: ProcessPoolExecutor | None = None
+_workers = 0  # the pool's children
+_drawn = 0  # figures asked for so far
 
 
 def warm_up(workers: int | None = None) -> None:
-    """Start the children (a core in two, at most 4) and have them import what drawing needs. With
-    fewer than 4 cores none: their imports would cost the sweep's runs more than they save."""
-    global _pool
+    """Start the children (a core in two, at most 4) and have them import what drawing needs; the
+    sweeper draws a figure in every ``n + 1`` itself. On one core none."""
+    global _pool, _workers
     n = workers or min(4, (os.cpu_count() or 1) // 2)
-    if _pool is not None or n < 2:
+    if _pool is not None or n < 1:
         return
+    _workers = n
     _pool = ProcessPoolExecutor(n, multiprocessing.get_context("spawn"), initializer=_imports)
     for _ in range(n):
         _pool.submit(int)  # each child starts, and imports, now
@@ -51,8 +55,11 @@ def _draw_once() -> None:
 
 
 def draw(fn: Callable[..., Any], *args: Any) -> Future[Any]:
-    """``fn(*args)`` in a child where the pool runs, else here; its result as a future either way."""
-    if _pool is not None:
+    """``fn(*args)`` in a child where the pool runs (but one figure in every ``n + 1``, drawn here
+    while the children draw theirs), else here; its result as a future either way."""
+    global _drawn
+    _drawn += 1
+    if _pool is not None and _drawn % (_workers + 1):
         return _pool.submit(fn, *args)
     future: Future[Any] = Future()
     try:
