@@ -7,7 +7,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from sweeper import display, job_end
+from sweeper import display, job_end, resources
 from sweeper.point_files import link_rank_logs
 from sweeper.points import Point
 from sweeper.records import SweepRecord
@@ -113,10 +113,18 @@ def close_runs(
         if not journal.server_away(e):
             raise
         away, outcomes = e, offline(points, done_before, flight)
+    if away is None:  # the sweep's GPU-seconds (core-seconds) on its parent run
+        record.log_parent(resources.parent_metrics(spent(outcomes)))
     add_jobs(runner, outcomes)
     ok = all(o.status in ("FINISHED", "SKIPPED") for o in outcomes)
     away = end_parent(record, "KILLED" if flight.interrupted else "FINISHED" if ok else "FAILED", sweep_dir, away)
     return outcomes, away
+
+
+def spent(outcomes: list[display.Outcome]) -> list[resources.Held]:
+    """What this sweep's runs held (a point it skipped was paid for by an earlier sweep)."""
+    ran = [o.run for o in outcomes if o.run is not None and o.status != "SKIPPED"]
+    return resources.held((int(r.data.params.get("nproc", 1)), r.data.metrics) for r in ran)
 
 
 def end_parent(record: SweepRecord, status: str, sweep_dir: Path, away: Exception | None) -> Exception | None:

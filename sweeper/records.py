@@ -5,6 +5,7 @@ from __future__ import annotations
 import shlex
 import socket
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -92,6 +93,14 @@ class SweepRecord:
             [self.experiment_id], filter_string=f"tags.`{metrics.TAG_SWEEP_ID}` = '{sweep_id}'", max_results=50000
         )
         return {r.info.run_name: r for r in runs if r.info.run_id != self.parent_id}
+
+    def log_parent(self, values: dict[str, float]) -> None:
+        """Metrics of the sweep as a whole, on its parent run."""
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        if self.parent_id and values:
+            self.client.log_batch(self.parent_id, metrics=[Metric(k, v, now, 0) for k, v in values.items()])
 
     def end_parent(self, status: str) -> None:
         if self.parent_id:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 import traceback
 import uuid
 from pathlib import Path
@@ -16,7 +17,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from sweeper import display, records, timeline
-from sweeper.collect import close_runs
+from sweeper.collect import close_runs, spent
 from sweeper.config import validate_sweep
 from sweeper.plan import plan
 from sweeper.point_files import prepare
@@ -29,6 +30,7 @@ from sweeper.runners.warm import withdraw_unclaimed
 from sweeper.timeline import phase
 from sweeper.watch import watch
 from trainer import data, limits, metrics
+from trainer.core.clock import process_start
 from trainer.record import provenance, store, uri_check
 from trainer.record.checkpoint import resume_key
 
@@ -78,6 +80,8 @@ def run_sweep(base: DictConfig, points: list[Point], sweep_dir: Path, overrides:
         report = write_report(record, sweep_dir) if away is None else None
         drawing.stop()
     display.summary(outcomes, report)  # with the report's speedups, diverged points and best
+    for h in spent(outcomes):  # beside the sweep's wall time
+        display.console.print(f"held: {h.said()}, over {time.time() - process_start():.1f} s of the sweep")
     if away is not None:
         said = str(away).splitlines()[0][:200]
         display.console.print(

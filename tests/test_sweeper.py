@@ -617,3 +617,25 @@ def test_ctrl_c_twice_at_the_terminal_says_it_in_lines_not_tracebacks(tmp_path, 
     assert "interrupted: cancelling the sweep's jobs" in out and "still cleaning up" in out, out
     statuses = sorted(r.info.status for r in runs(mlflow_uri))
     assert statuses == ["KILLED"] * 3, statuses  # the parent and both points, nothing RUNNING
+
+
+def test_a_sweep_totals_what_its_points_held(tmp_path, mlflow_uri):
+    """#35: the parent run holds the sum of its points' core-seconds (GPU-seconds on GPUs), in all,
+    training, and per nproc; the closing lines say the total beside the sweep's wall time, and the
+    report's summary says it too."""
+    result = sweep(["hidden=16", "nproc=1,2", *FAST], tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    (parent,) = parents(mlflow_uri)
+    kids = children_of(mlflow_uri, parent.info.run_id)
+    assert {r.info.status for r in kids.values()} == {"FINISHED"}
+    held = {name: r.data.metrics[metrics.device_seconds("cpu")] for name, r in kids.items()}
+    m = parent.data.metrics
+    assert m[metrics.device_seconds("cpu")] == pytest.approx(sum(held.values()))
+    training = sum(r.data.metrics[metrics.device_seconds("cpu", training=True)] for r in kids.values())
+    assert m[metrics.device_seconds("cpu", training=True)] == pytest.approx(training)
+    assert m[metrics.device_seconds("cpu") + "_nproc1"] == pytest.approx(held["nproc=1"])
+    assert m[metrics.device_seconds("cpu") + "_nproc2"] == pytest.approx(held["nproc=2"])
+    line = next(line for line in result.stdout.splitlines() if line.startswith("held: "))
+    assert f"{sum(held.values()):.1f} core-seconds" in line and "s of the sweep" in line, line
+    (summary,) = tmp_path.glob("multirun/*/*/report/summary.md")
+    assert f"Held: {sum(held.values()):.1f} core-seconds" in summary.read_text()

@@ -351,3 +351,20 @@ def test_local_ranks_listen_on_loopback_only():
     loopback = {"0100007F", "00000000000000000000000001000000"}  # 127.0.0.1, ::1 as /proc/net/tcp{,6} write them
     assert len(rows) == 2, out.stdout + out.stderr  # a rank may listen nowhere (Open MPI on one host)
     assert {addr for row in rows for addr in row} <= loopback, rows
+
+
+def test_a_two_rank_run_records_twice_its_wall_time_as_core_seconds(mlflow_uri, tmp_path):
+    """#35: a run's device-seconds (core-seconds on CPU ranks, GPU-seconds on GPUs) are its ranks x
+    the seconds it held them; the training part is ranks x its epochs' time, which the run records
+    too. Real ranks (mpiexec, nproc=2)."""
+    args = ["nproc=2", "epochs=3", "hidden=32", "batch_size=50", "data.n_train=400", "data.n_test=50"]
+    result = trainer([*args, "check.reference=false"], tmp_path)
+    assert result.returncode == 0, result.stderr
+    client, run = only_run(mlflow_uri)
+    m = run.data.metrics
+    epochs_s = sum(x.value for x in client.get_metric_history(run.info.run_id, metrics.EPOCH_TIME))
+    assert m[metrics.device_seconds("cpu", training=True)] == pytest.approx(2 * epochs_s, rel=1e-9)
+    span_s = (run.info.end_time - run.info.start_time) / 1000  # the run's whole life in MLflow
+    held_s = m[metrics.device_seconds("cpu")] / 2
+    assert epochs_s <= held_s <= span_s, (epochs_s, held_s, span_s)
+    assert metrics.device_seconds("gpu") not in m  # no GPU was held

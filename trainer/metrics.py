@@ -32,6 +32,14 @@ ARITHMETIC_INTENSITY = "model/arithmetic_intensity"
 BATCH_MS_REPEAT = "time/batch_ms_repeat"
 QUANTILES = {"q1": 0.25, "q3": 0.75}  # phase_quantile's names and their quantiles
 
+
+def device_seconds(kind: str, training: bool = False) -> str:
+    """Ranks x seconds a run held its devices (kind gpu: GPU-seconds; cpu: core-seconds, a rank a
+    core), from the set-up of its training to its end; ``training``: the part its epochs took. The
+    parent run holds the sweep's totals under the same names, and per nproc under ``..._nprocN``."""
+    return f"resources/{kind}_{'training_' if training else ''}s"
+
+
 # Tags.
 TAG_CONFIG_HASH = "sweepscale.config_hash"
 TAG_SWEEP_ID = "sweepscale.sweep_id"

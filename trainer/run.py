@@ -9,6 +9,7 @@ import contextlib
 import os
 import socket
 import sys
+import time
 import traceback
 from dataclasses import replace
 from typing import Any
@@ -34,7 +35,14 @@ from trainer.ranks.backend import Backend, gpu_count, pinned, select
 from trainer.ranks.contention import for_run
 from trainer.ranks.sigterm import Terminated
 from trainer.record import checkpoint, store, tracking
-from trainer.record.run_record import finish_run, record_beside, record_performance, resume_recording, start_recording
+from trainer.record.run_record import (
+    finish_run,
+    record_beside,
+    record_performance,
+    record_resources,
+    resume_recording,
+    start_recording,
+)
 from trainer.record.uri_check import check_uri
 
 
@@ -167,6 +175,7 @@ def train_on_rank(
     """``origin``: a time.time() value, the start of the time to first batch (None: this process's start).
     ``ckpt``: the checkpoint to resume from. Rank 0 ends its run FINISHED and returns its check, to
     land once the reference is there; other ranks None."""
+    held_from = time.perf_counter()  # the devices are the run's from here (GPU-seconds)
     xp, on_gpu = backend.xp, backend.kind == "gpu"
     layout, init = first_weights(cfg, ds.n_features)
     schedule = schedule_of(cfg)
@@ -216,6 +225,7 @@ def train_on_rank(
             repeat_ms.append(repeat_clock.medians()["batch"])
     if recorder is None:
         return None
+    record_resources(recorder, backend.kind, world.size, time.perf_counter() - held_from, end.training_s)
     record_beside(recorder, span)
     if steps and job is None:  # on the CPU, after the timed batches: it would take their cores
         job = start_reference(cfg, layout, schedule, init, ds, steps)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sweeper import resources
 from sweeper.report import analysis, convergence, families, findings, page, scaling
 from sweeper.report.drawing import draw
 from sweeper.report.overhead import Overhead, in_run_s, per_sweep
@@ -213,6 +214,8 @@ def summary_markdown(study: Study, points: list[Point], report: Report, fams: li
     for label, segs in regimes.items():
         text = "; ".join(f"B {g.lo}->{g.hi}: {g.name} (slope {g.slope:.2f})" for g in segs)
         lines += ["", f"Batch-size regimes, {label}: {text}"]
+    for h in resources.held((p.nproc, p.metrics) for p in points if not p.reused):
+        lines += ["", f"Held: {h.said()}."]
     lines += overhead_markdown(report.overhead)
     lines += ["", f"Figures, CSV and the HTML report: artifacts `{ARTIFACT_DIR}/` of this run."]
     return "\n".join(lines)

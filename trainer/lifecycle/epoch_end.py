@@ -37,8 +37,10 @@ class EpochEnd:
     snapshot: Snapshot | None
     resume_key: str = ""  # the checkpoints' key (hashing the config is not per epoch work)
     last: dict[str, float | None] = field(default_factory=dict)
+    training_s: float = 0.0  # the epochs' time so far
 
     def __call__(self, e: EpochResult) -> None:
+        self.training_s += e.seconds
         if self.recorder is not None:
             precision = self.precision()
             if self.resume_key and e.epoch < self.cfg.epochs:  # before the metrics: a kill between them loses none

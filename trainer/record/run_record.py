@@ -161,6 +161,13 @@ def record_performance(
         recorder.metric(metrics.ALLREDUCE_GBPS, ar_bytes / (phase_ms["allreduce"] / 1e3) / 1e9)
 
 
+def record_resources(recorder: tracking.Recorder, kind: str, ranks: int, held_s: float, training_s: float) -> None:
+    """GPU-seconds (core-seconds on CPU ranks): ``ranks`` x the seconds the run held its devices,
+    and x the seconds its epochs took."""
+    recorder.metric(metrics.device_seconds(kind), ranks * held_s)
+    recorder.metric(metrics.device_seconds(kind, training=True), ranks * training_s)
+
+
 def _record_traffic(
     recorder: tracking.Recorder,
     layout: model.Layout,
