@@ -92,9 +92,17 @@ class SweepOptions:
 
 
 @dataclass
+class ReportOptions:
+    # The time-to-accuracy figure's test precision; null: the highest (in hundredths) that 3 of 4
+    # finished points reach.
+    target: float | None = None
+
+
+@dataclass
 class SweepConfig(TrainerConfig):
     launcher: Any = MISSING
     sweep: SweepOptions = field(default_factory=SweepOptions)
+    report: ReportOptions = field(default_factory=ReportOptions)
 
 
 # Command-line shorthands for sweep options: python -m sweeper -m ... --dry-run
@@ -134,6 +142,9 @@ def validate_sweep(base: Any) -> None:
             f"sweep.poll_s={sweep.poll_s}: the watch polls every poll_s seconds; set a positive value, e.g. 0.5",
         ),
     ]
+    if base.report.target is not None:
+        target = base.report.target
+        checks.append((0 < target <= 1, f"report.target={target}: a test precision in (0, 1], e.g. 0.9"))
     for key in ("points_per_job", "array_parallelism", "ranks_per_node", "max_nodes", "cpus_per_task"):
         if launcher.get(key) is not None:
             checks.append((launcher[key] >= 1, f"launcher.{key}={launcher[key]}: at least 1"))

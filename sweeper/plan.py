@@ -23,7 +23,7 @@ from trainer.record.identity import config_hash
 if TYPE_CHECKING:
     from sweeper.runners.base import Runner
 
-SWEEP_ONLY_KEYS = ("launcher", "sweep", "hydra")
+SWEEP_ONLY_KEYS = ("launcher", "sweep", "report", "hydra")
 
 
 @functools.cache

@@ -77,7 +77,7 @@ def run_sweep(base: DictConfig, points: list[Point], sweep_dir: Path, overrides:
         outcomes, away = close_runs(record, runner, sweep_id, points, done_before, flight, earlier, sweep_dir, opts)
         ok = all(o.status in ("FINISHED", "SKIPPED") for o in outcomes)
     with phase("report"):
-        report = write_report(record, sweep_dir) if away is None else None
+        report = write_report(record, sweep_dir, base.report.target) if away is None else None
         drawing.stop()
     display.summary(outcomes, report)  # with the report's speedups, diverged points and best
     for h in spent(outcomes):  # beside the sweep's wall time
@@ -227,14 +227,14 @@ def start_parent(
     )
 
 
-def write_report(record: SweepRecord, sweep_dir: Path) -> Any:
+def write_report(record: SweepRecord, sweep_dir: Path, target: float | None = None) -> Any:
     """The study report of what finished (also after Ctrl-C), or None: a failure here fails no point."""
     from sweeper.report import report_for
 
     folder = sweep_dir / "report"
     try:
         parent = record.client.get_run(record.parent_id)
-        report = report_for(record.client, [parent], folder)
+        report = report_for(record.client, [parent], folder, target=target)
     except Exception:  # the points' runs are safe in the store: say what failed and how to retry
         where = traceback.format_exc().strip().splitlines()[-3:]
         display.console.print("[red]report not written:[/red] " + " | ".join(w.strip() for w in where))

@@ -12,12 +12,13 @@ from pathlib import Path
 from typing import Any
 
 
-def report_for(client: Any, parents: list[Any], folder: Path, attach: bool = True) -> Any:
-    """Build the report of these parent runs into ``folder``; attach it to the parent if one."""
+def report_for(client: Any, parents: list[Any], folder: Path, attach: bool = True, target: float | None = None) -> Any:
+    """Build the report of these parent runs into ``folder``; attach it to the parent if one.
+    ``target``: the time-to-accuracy figure's test precision (None: one most points reach)."""
     from sweeper.report import publish, study
 
     s = study.load(client, parents)
-    report = publish.build(s, folder)
+    report = publish.build(s, folder, target)
     if attach and len(parents) == 1:
         publish.publish(client, parents[0].info.run_id, report, s.points)
     return report

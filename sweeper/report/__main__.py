@@ -43,14 +43,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="folder to write to (default: the sweep's folder/report)")
     store_arguments(parser)
     parser.add_argument("--no-attach", action="store_true", help="do not log the report to the parent run")
+    parser.add_argument("--target", type=float, help="time to accuracy: the test precision (default: 3 of 4 reach it)")
     args = parser.parse_args(argv)
+    if args.target is not None and not 0 < args.target <= 1:
+        parser.error(f"--target {args.target}: a test precision in (0, 1], e.g. 0.9")
 
     from sweeper.report import report_for
 
     client, experiment_id = open_experiment(args)
     parents = find_parents(client, experiment_id, args.sweeps)
     folder = args.out or default_folder(parents)
-    report = report_for(client, parents, folder, attach=not args.no_attach)
+    report = report_for(client, parents, folder, attach=not args.no_attach, target=args.target)
     print(f"report of {len(report.rows)} point(s) in {report.seconds:.1f} s: {folder / 'report.html'}")
     return 0
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from sweeper import resources
-from sweeper.report import analysis, convergence, families, findings, page, scaling
+from sweeper.report import analysis, convergence, families, findings, page, scaling, time_to_target
 from sweeper.report.drawing import draw
 from sweeper.report.overhead import Overhead, in_run_s, per_sweep
 from sweeper.report.roofline import roofline_figure
@@ -46,7 +46,8 @@ def sweep_order(study: Study) -> list[str]:
     return keys
 
 
-def build(study: Study, folder: Path) -> Report:
+def build(study: Study, folder: Path, target: float | None = None) -> Report:
+    """``target``: the test precision of the time-to-accuracy figure (report.target; None: a default)."""
     t0 = time.perf_counter()
     folder.mkdir(parents=True, exist_ok=True)
     report = Report(folder)
@@ -80,6 +81,13 @@ def build(study: Study, folder: Path) -> Report:
     if studies:
         drawn["Batch size: regimes of data parallelism"] = draw(
             scaling.regimes_figure, finished, studies, folder / "regimes.png"
+        )
+    target = time_to_target.default_target(finished) if target is None else target
+    reaching = time_to_target.rows(finished, target, order) if target is not None else []
+    if reaching:  # a sweep over nproc: how long each took to the target, against its ranks
+        write_csv(time_to_target.csv_rows(reaching, target), folder / "time_to_target.csv")
+        drawn["Time to accuracy against GPUs"] = draw(
+            time_to_target.figure, reaching, target, folder / "time_to_target.png"
         )
     drawn["Roofline"] = draw(roofline_figure, finished, folder / "roofline.png")
     regimes: dict[str, list] = {}
