@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor
 from typing import Any
@@ -25,9 +26,15 @@ def warm_up(workers: int | None = None) -> None:
     if _pool is not None or n < 1:
         return
     _workers = n
-    _pool = ProcessPoolExecutor(n, multiprocessing.get_context("spawn"), initializer=_imports)
-    for _ in range(n):
-        _pool.submit(int)  # each child starts, and imports, now
+    # The children start with SIGINT ignored (an ignored signal stays so across exec): a terminal's
+    # Ctrl-C reaches its whole process group, and the sweeper, not they, ends the sweep.
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        _pool = ProcessPoolExecutor(n, multiprocessing.get_context("spawn"), initializer=_imports)
+        for _ in range(n):
+            _pool.submit(int)  # each child starts, and imports, now
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _imports() -> None:
