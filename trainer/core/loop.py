@@ -113,6 +113,24 @@ def sgd_step(
         clock.mark()
 
 
+def batch_bounds(n: int, batch_size: int, size: int, rank: int) -> list[tuple[int, int, int, int]]:
+    """Per batch of an epoch: its global [start, stop) and this rank's [lo, hi) of it."""
+    out = []
+    for start in range(0, n, batch_size):
+        stop = min(start + batch_size, n)
+        out.append((start, stop, *local_rows(stop - start, size, rank)))
+    return out
+
+
+def rows_of(xp: Any, x: Any, y: Any, order: Any, lo: int, hi: int) -> tuple[Any, Any]:
+    """Rows lo..hi of the epoch's order (None: in order) where the step reads them: a host slice is
+    copied to the device (the "h2d" phase), a device gather stays there."""
+    if order is None:
+        return xp.asarray(x[lo:hi]), xp.asarray(y[lo:hi])
+    rows = order[lo:hi]
+    return xp.asarray(x[rows]), xp.asarray(y[rows])
+
+
 def fit(
     step: Any,
     xp: Any,
@@ -140,11 +158,8 @@ def fit(
     ``on_step`` is told the steps done after each one.
     """
     n = len(y)
-    n_batches = -(-n // schedule.batch_size)
-    bounds = []  # per batch: its global [start, stop) and this rank's [lo, hi) of it
-    for b in range(n_batches):
-        start, stop = b * schedule.batch_size, min((b + 1) * schedule.batch_size, n)
-        bounds.append((start, stop, *local_rows(stop - start, size, rank)))
+    bounds = batch_bounds(n, schedule.batch_size, size, rank)
+    n_batches = len(bounds)
     # Batches in order from device-resident data: the fused step prepares X for its GEMMs once.
     prepared = None
     if not schedule.shuffle and not isinstance(x, np.ndarray):
@@ -162,11 +177,8 @@ def fit(
                 clock.start()
             if prepared is not None:
                 xb, yb = prepared[b], y[start + lo : start + hi]
-            elif order is None:
-                xb, yb = xp.asarray(x[start + lo : start + hi]), xp.asarray(y[start + lo : start + hi])
             else:
-                rows = order[start + lo : start + hi]
-                xb, yb = xp.asarray(x[rows]), xp.asarray(y[rows])
+                xb, yb = rows_of(xp, x, y, order, start + lo, start + hi)
             if clock:
                 clock.mark()
             if before_step is not None:  # told the iteration about to run (config fault.*: trainer/lifecycle/faults.py)
