@@ -86,8 +86,7 @@ def run_sweep(base: DictConfig, points: list[Point], sweep_dir: Path, overrides:
         said = str(away).splitlines()[0][:200]
         display.console.print(
             f"[red]the tracking server at {uri} did not answer[/red] ({said}): what it lacks waits in journals "
-            f"under {sweep_dir}; when it is back: python -m sweeper.sync {sweep_dir}, then python -m sweeper.report "
-            f"{sweep_id}"
+            f"under {sweep_dir}; when it is back, python -m sweeper.sync {sweep_dir} sends it and writes the report"
         )
     display.closing(report, record.uri, record.experiment_id, record.parent_id)
     timeline.write(sweep_dir)

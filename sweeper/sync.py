@@ -3,7 +3,9 @@
     python -m sweeper.sync [FOLDER ...]     # default: multirun/, every sweep's points
 
 Each point's folder may hold a journal its run left when the server did not answer in time;
-this sends it, in order, and ends the run as its trainer did. Sending twice is harmless.
+this sends it, in order, and ends the run as its trainer did. Sending twice is harmless. A sweep
+whose end waited too (its parent's journal) gets its report once all of it is sent: the report a
+sweep could not write while the server was away.
 """
 
 from __future__ import annotations
@@ -14,16 +16,36 @@ from pathlib import Path
 
 from sweeper import display
 from trainer.record import journal
+from trainer.record.store import client
+
+PARENT = f"parent/{journal.FILE}"  # where a sweep journals its parent run's end (sweeper/collect.py end_parent)
 
 
 def sync(folders: list[Path]) -> int:
     """Send every journal under ``folders``; 0 when all are sent, 1 when one could not be."""
+    sweeps = [(j.parent.parent, journal.Journal(j.parent).header()) for f in folders for j in Path(f).rglob(PARENT)]
     results = [r for folder in folders for r in journal.send_left(folder)]
     for path, what in results:
         display.console.print(f"{path.parent}: {what}")
     if not results:
         display.console.print(f"nothing to send under {', '.join(map(str, folders))}")
+    for sweep_dir, header in sweeps:  # read before sending: a journal sent in full is removed
+        if not any(sweep_dir.rglob(journal.FILE)):  # all of the sweep is in the store now
+            write_report(sweep_dir, header["uri"], header["run_id"])
     return int(any(what.startswith("not sent") for _, what in results))
+
+
+def write_report(sweep_dir: Path, uri: str, parent_id: str) -> None:
+    """The sweep's report, as its own end would have written it; a failure is said, not raised."""
+    from sweeper.report import report_for
+
+    try:
+        c = client(uri)
+        report = report_for(c, [c.get_run(parent_id)], sweep_dir / "report")
+    except Exception as e:  # the runs are in the store: the report can be built again later
+        display.console.print(f"[red]report not written[/red] ({type(e).__name__}: {e}); python -m sweeper.report")
+        return
+    display.console.print(f"report of {len(report.rows)} point(s): {sweep_dir / 'report' / 'report.html'}")
 
 
 def main(argv: list[str] | None = None) -> int:

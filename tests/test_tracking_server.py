@@ -92,7 +92,8 @@ def test_a_server_killed_mid_run_loses_nothing(idx_dir, tmp_path):
 def test_a_server_gone_at_a_sweeps_end_costs_a_bounded_wait_and_sync_delivers_everything(idx_dir, tmp_path):
     """#33 item 1: the server killed while a 2-point sweep trains. The sweep ends in bounded time
     (sweep.store_wait_s per call) with its table and one line saying what waits and the command
-    that sends it; after the server is back, `sweeper.sync` ends every run and the parent."""
+    that sends it; after the server is back, `sweeper.sync` ends every run and the parent, and
+    writes the report the sweep could not."""
     from trainer.record.store import client
 
     port = free_port()
@@ -136,5 +137,8 @@ def test_a_server_gone_at_a_sweeps_end_costs_a_bounded_wait_and_sync_delivers_ev
                 steps = [m.step for m in c.get_metric_history(r.info.run_id, metrics.TRAIN_LOSS_EPOCH)]
                 assert sorted(steps) == list(range(1, 301)), r.info.run_name
         assert not list(sweep_dir.rglob(journal.FILE))  # all sent
+        assert "report of 2 point(s)" in sync.stdout, sync.stdout
+        points = (sweep_dir / "report" / "points.csv").read_text()
+        assert "hidden=8" in points and "hidden=16" in points and "FINISHED" in points
     finally:
         stop(server)
