@@ -33,6 +33,7 @@ class SweepRecord:
         self.client = store.client(self.uri)
         self.experiment_id = store.ensure_experiment(self.client, self.uri, experiment)
         self.parent_id: str | None = None
+        self.started: tuple | None = None  # the parent's name, tags, params and points, once started
 
     def finished_hashes(self) -> dict[str, str]:
         """config hash -> id of a FINISHED run of it in this experiment (the resume key)."""
@@ -82,9 +83,11 @@ class SweepRecord:
         }
         run = self.client.create_run(self.experiment_id, run_name=name, tags=tags)
         self.parent_id = run.info.run_id
-        self.client.log_param(self.parent_id, "sweep.overrides", " ".join(overrides)[:6000] or "(none)")
-        self.client.log_param(self.parent_id, "sweep.points", len(points))
+        params = {"sweep.overrides": " ".join(overrides)[:6000] or "(none)", "sweep.points": str(len(points))}
+        for key, value in params.items():
+            self.client.log_param(self.parent_id, key, value)
         self.client.log_dict(self.parent_id, points, POINTS_ARTIFACT)
+        self.started = (name, tags, params, points)  # for a report built offline (sweeper/offline_report.py)
         return self.parent_id
 
     def children(self, sweep_id: str) -> dict[str, Any]:

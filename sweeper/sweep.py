@@ -16,7 +16,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from sweeper import display, records, timeline
+from sweeper import display, offline_report, records, timeline
 from sweeper.collect import close_runs, spent
 from sweeper.config import validate_sweep
 from sweeper.plan import plan
@@ -77,7 +77,8 @@ def run_sweep(base: DictConfig, points: list[Point], sweep_dir: Path, overrides:
         outcomes, away = close_runs(record, runner, sweep_id, points, done_before, flight, earlier, sweep_dir, opts)
         ok = all(o.status in ("FINISHED", "SKIPPED") for o in outcomes)
     with phase("report"):
-        report = write_report(record, sweep_dir, base.report.target) if away is None else None
+        ended = "KILLED" if flight.interrupted else "FINISHED" if ok else "FAILED"
+        report = write_report(record, sweep_dir, base.report.target, offline=None if away is None else ended)
         drawing.stop()
     display.summary(outcomes, report)  # with the report's speedups, diverged points and best
     for h in spent(outcomes):  # beside the sweep's wall time
@@ -86,7 +87,8 @@ def run_sweep(base: DictConfig, points: list[Point], sweep_dir: Path, overrides:
         said = str(away).splitlines()[0][:200]
         display.console.print(
             f"[red]the tracking server at {uri} did not answer[/red] ({said}): what it lacks waits in journals "
-            f"under {sweep_dir}; when it is back, python -m sweeper.sync {sweep_dir} sends it and writes the report"
+            f"under {sweep_dir} (the report below is built from them); when it is back, python -m sweeper.sync "
+            f"{sweep_dir} sends it and writes the report again from there"
         )
     display.closing(report, record.uri, record.experiment_id, record.parent_id)
     timeline.write(sweep_dir)
@@ -226,12 +228,16 @@ def start_parent(
     )
 
 
-def write_report(record: SweepRecord, sweep_dir: Path, target: float | None = None) -> Any:
-    """The study report of what finished (also after Ctrl-C), or None: a failure here fails no point."""
+def write_report(record: SweepRecord, sweep_dir: Path, target: float | None = None, offline: str | None = None) -> Any:
+    """The study report of what finished (also after Ctrl-C), or None: a failure here fails no point.
+    ``offline``: the tracking server is away; the report comes from the points' journals, the
+    parent ended so (sweeper/offline_report.py)."""
     from sweeper.report import report_for
 
     folder = sweep_dir / "report"
     try:
+        if offline is not None:
+            return offline_report.write(record, sweep_dir, offline, target)
         parent = record.client.get_run(record.parent_id)
         report = report_for(record.client, [parent], folder, target=target)
     except Exception:  # the points' runs are safe in the store: say what failed and how to retry

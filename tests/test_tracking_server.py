@@ -92,8 +92,8 @@ def test_a_server_killed_mid_run_loses_nothing(idx_dir, tmp_path):
 def test_a_server_gone_at_a_sweeps_end_costs_a_bounded_wait_and_sync_delivers_everything(idx_dir, tmp_path):
     """#33 item 1: the server killed while a 2-point sweep trains. The sweep ends in bounded time
     (sweep.store_wait_s per call) with its table and one line saying what waits and the command
-    that sends it; after the server is back, `sweeper.sync` ends every run and the parent, and
-    writes the report the sweep could not."""
+    that sends it, and its report from what the points journaled; after the server is back,
+    `sweeper.sync` ends every run and the parent, and writes the report again from the server."""
     from trainer.record.store import client
 
     port = free_port()
@@ -123,6 +123,10 @@ def test_a_server_gone_at_a_sweeps_end_costs_a_bounded_wait_and_sync_delivers_ev
     assert "sweep summary" in out and out.count("FINISHED") >= 2
     assert f"the tracking server at {uri} did not answer" in out and "python -m sweeper.sync" in out
     (sweep_dir,) = tmp_path.glob("multirun/*/*")
+    # The report all the same, from what the points journaled (the server is still down).
+    offline = (sweep_dir / "report" / "points.csv").read_text()
+    assert "hidden=8" in offline and "hidden=16" in offline and offline.count("FINISHED") == 2, offline
+    assert (sweep_dir / "report" / "report.html").exists() and "report (" in out
     server = start_server(tmp_path, port)
     try:
         sync = subprocess.run(

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 FILE, SENT, FILES = "journal.jsonl", "journal.sent", "journal_files"
+DONE = "journal.done.jsonl"  # a journal sent in full, kept: a sweep whose server is away reports from it
 DRAIN_S = float(os.environ.get("SWEEPSCALE_SPOOL_DRAIN_S", "30"))  # a run's end waits this long for the server
 RETRY_S = 2.0  # between attempts while the server is down
 BATCH = 1000  # MLflow's limit of metrics per log_batch call
@@ -31,13 +32,17 @@ BATCH = 1000  # MLflow's limit of metrics per log_batch call
 class Journal:
     """The journal of one run in ``folder``; its first line names the store and the run."""
 
-    def __init__(self, folder: str | os.PathLike, uri: str | None = None, run_id: str | None = None) -> None:
+    def __init__(
+        self, folder: str | os.PathLike, uri: str | None = None, run_id: str | None = None, created: dict | None = None
+    ) -> None:
+        """With ``uri`` and ``run_id``, a new journal's first line; ``created``: what the run was
+        created with (its name, tags and start), for a report built from the journal alone."""
         self.folder = Path(folder)
         self.path, self.sent_path = self.folder / FILE, self.folder / SENT
         self._lock = threading.Lock()
         if uri is not None and run_id is not None:
             self.folder.mkdir(parents=True, exist_ok=True)
-            self.append({"op": "run", "uri": uri, "run_id": run_id})
+            self.append({"op": "run", "uri": uri, "run_id": run_id, **(created or {})})
 
     def append(self, entry: dict[str, Any]) -> None:
         with self._lock, open(self.path, "a") as f:
@@ -68,7 +73,7 @@ class Journal:
 
     def send(self, client: Any) -> bool:
         """Send what is unsent, noting each line once sent; True once its last line is sent (then
-        the journal is removed: nothing is left to send). Raises what the store raised."""
+        the journal is renamed ``DONE``: nothing is left to send). Raises what the store raised."""
         run_id, ended = self.header()["run_id"], False
         for offset, entry in self.unsent():
             apply(client, run_id, entry, self.folder / FILES)
@@ -76,8 +81,10 @@ class Journal:
             tmp.write_text(str(offset))
             os.replace(tmp, self.sent_path)
             ended = entry["op"] == "close" or (entry["op"] == "end" and entry.get("close", True))
-        if ended:
+        if ended:  # nothing left to send: kept aside, not sent again
             shutil.rmtree(self.folder / FILES, ignore_errors=True)
+            with open(self.folder / DONE, "ab") as kept, open(self.path, "rb") as sent:  # after a resumed run's first
+                shutil.copyfileobj(sent, kept)
             self.path.unlink()
             self.sent_path.unlink(missing_ok=True)
         return ended

@@ -68,7 +68,7 @@ class Recorder:
         self.client = client(self.uri)
         exp_id = ensure_experiment(self.client, self.uri, experiment)
         self._run_id = self.client.create_run(exp_id, start_time=start_ms, tags=tags, run_name=run_name).info.run_id
-        self._start_journal()
+        self._start_journal({"name": run_name, "tags": tags, "start_ms": start_ms})
         if setup is not None:
             setup(self)
 
@@ -86,10 +86,10 @@ class Recorder:
         self._start_journal()
         self.set_tags(tags)
 
-    def _start_journal(self) -> None:
+    def _start_journal(self, created: dict | None = None) -> None:
         """From here on every write goes through the journal, sent by a thread."""
         if self._spool is not None:
-            self.journal = journal.Journal(self._spool, self.uri, self._run_id)
+            self.journal = journal.Journal(self._spool, self.uri, self._run_id, created)
             self._sender = journal.Sender(self.journal, self.client)
             self._sender.start()
 
