@@ -122,3 +122,17 @@ def timing_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     folder = tmp_path / "timing"
     monkeypatch.setenv("SWEEPSCALE_TIMING_DIR", str(folder))
     return folder
+
+
+def recorded_parent(uri: str, sweep_id: str, name: str, overrides: str) -> tuple[Any, str, str, dict[str, str]]:
+    """A sweep's parent run as the sweeper records it, in a real store, for a study built by hand:
+    (the store's client, the experiment's id, the parent's id, the tags its children carry too)."""
+    from trainer import metrics
+    from trainer.record import store
+
+    client = store.client(uri)
+    exp = store.ensure_experiment(client, uri, "sweepscale")
+    tags = {metrics.TAG_SWEEP_ID: sweep_id, metrics.TAG_SCHEDULER: "local"}
+    parent = client.create_run(exp, run_name=name, tags=tags).info.run_id
+    client.log_param(parent, "sweep.overrides", overrides)
+    return client, exp, parent, tags

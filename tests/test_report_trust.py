@@ -9,8 +9,8 @@ import math
 import subprocess
 import sys
 
+from tests.conftest import recorded_parent
 from trainer import metrics
-from trainer.record import store
 
 SWEEP = "trust001"
 # (nproc, lr) -> ms per batch, runs beside, final precision, loss curve
@@ -28,11 +28,7 @@ def record_study(uri: str) -> None:
     """A parent and six children, as a sweep of `hidden=64 lr=... nproc=1,2` records them."""
     from mlflow.entities import Metric, Param, RunTag
 
-    client = store.client(uri)
-    exp = store.ensure_experiment(client, uri, "sweepscale")
-    tags = {metrics.TAG_SWEEP_ID: SWEEP, metrics.TAG_SCHEDULER: "local"}
-    parent = client.create_run(exp, run_name="sweep lr x nproc", tags=tags).info.run_id
-    client.log_param(parent, "sweep.overrides", "lr=0.05,0.2,0.8 nproc=1,2 hidden=64")
+    client, exp, parent, tags = recorded_parent(uri, SWEEP, "sweep lr x nproc", "lr=0.05,0.2,0.8 nproc=1,2 hidden=64")
     for (nproc, lr), (ms, beside, precision, loss) in POINTS.items():
         name = f"lr={lr},nproc={nproc}"
         kid = client.create_run(exp, run_name=name, tags={**tags, "mlflow.parentRunId": parent}).info.run_id

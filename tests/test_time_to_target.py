@@ -12,8 +12,8 @@ import pytest
 
 from sweeper.report import time_to_target
 from sweeper.report.study import Point
+from tests.conftest import recorded_parent
 from trainer import metrics
-from trainer.record import store
 
 SWEEP = "tta00001"
 # nproc -> (test precision after each epoch, seconds of each epoch, samples/s)
@@ -28,11 +28,7 @@ def record_sweep(uri: str) -> None:
     """A parent and three children, as `hidden=64 nproc=1,2,4 epochs=4` records them."""
     from mlflow.entities import Metric, Param
 
-    client = store.client(uri)
-    exp = store.ensure_experiment(client, uri, "sweepscale")
-    tags = {metrics.TAG_SWEEP_ID: SWEEP, metrics.TAG_SCHEDULER: "local"}
-    parent = client.create_run(exp, run_name="sweep nproc", tags=tags).info.run_id
-    client.log_param(parent, "sweep.overrides", "nproc=1,2,4 hidden=64 epochs=4")
+    client, exp, parent, tags = recorded_parent(uri, SWEEP, "sweep nproc", "nproc=1,2,4 hidden=64 epochs=4")
     for nproc, (precision, epoch_s, samples) in CURVES.items():
         kid = client.create_run(exp, run_name=f"nproc={nproc}", tags={**tags, "mlflow.parentRunId": parent})
         params = {"hidden": 64, "batch_size": 3200, "nproc": nproc, "lr": 0.1, "epochs": 4}
