@@ -114,7 +114,12 @@ def close_runs(
             raise
         away, outcomes = e, offline(points, done_before, flight)
     if away is None:  # the sweep's GPU-seconds (core-seconds) on its parent run
-        record.log_parent(resources.parent_metrics(spent(outcomes)))
+        try:
+            record.log_parent(resources.parent_metrics(spent(outcomes)))
+        except Exception as e:  # the server went away just now: the closing lines still say them
+            if not journal.server_away(e):
+                raise
+            away = e
     add_jobs(runner, outcomes)
     ok = all(o.status in ("FINISHED", "SKIPPED") for o in outcomes)
     away = end_parent(record, "KILLED" if flight.interrupted else "FINISHED" if ok else "FAILED", sweep_dir, away)
