@@ -10,7 +10,7 @@ from omegaconf import DictConfig
 from sweeper import display, job_end, resources
 from sweeper.point_files import link_rank_logs
 from sweeper.points import Point
-from sweeper.records import SweepRecord
+from sweeper.records import PARENT_JOURNAL, SweepRecord
 from sweeper.runners.base import Runner
 from sweeper.watch import Flight
 from trainer import metrics
@@ -142,7 +142,7 @@ def end_parent(record: SweepRecord, status: str, sweep_dir: Path, away: Exceptio
             if not journal.server_away(e):
                 raise
             away = e
-    journal.Journal(sweep_dir / "parent", record.uri, record.parent_id).append({"op": "end", "status": status})
+    journal.Journal(sweep_dir / PARENT_JOURNAL, record.uri, record.parent_id).append({"op": "end", "status": status})
     return away
 
 

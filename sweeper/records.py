@@ -18,6 +18,8 @@ from trainer import metrics
 from trainer.ranks.processes import alive, owner
 from trainer.record import store
 
+PARENT_JOURNAL = "parent"  # the sweep folder's subfolder where its parent's end waits for an absent server
+
 
 def absolute_uri(uri: str) -> str:
     """Jobs run in other folders (and on other nodes): make a relative SQLite path absolute."""

@@ -15,10 +15,11 @@ import sys
 from pathlib import Path
 
 from sweeper import display
+from sweeper.records import PARENT_JOURNAL
 from trainer.record import journal
 from trainer.record.store import client
 
-PARENT = f"parent/{journal.FILE}"  # where a sweep journals its parent run's end (sweeper/collect.py end_parent)
+PARENT = f"{PARENT_JOURNAL}/{journal.FILE}"  # where a sweep journals its parent run's end (collect.py end_parent)
 
 
 def sync(folders: list[Path]) -> int:

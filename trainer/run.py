@@ -200,8 +200,9 @@ def train_on_rank(
             job = start_reference(cfg, layout, schedule, init, ds, steps)
     resume_key = checkpoint.resume_key(cfg) if recorder is not None and cfg.save.checkpoint_dir else ""
     origin = process_start() if origin is None else origin
-    end = EpochEnd(cfg, world.comm, recorder, backend.to_host, layout, params, test, clock, origin, snapshot)
-    end.resume_key = resume_key
+    end = EpochEnd(
+        cfg, world.comm, recorder, backend.to_host, layout, params, test, clock, origin, snapshot, resume_key
+    )
 
     def steps_on(weights: Any) -> Any:  # the step a fit of these weights takes
         return step.build(options, xp, layout, weights, schedule.batch_size, world.size, allreduce)
