@@ -68,6 +68,10 @@ def test_warm_and_cold_give_bit_identical_weights(device, tmp_path):
     assert {r.data.tags[metrics.TAG_WARM] for r in cold.values()} == {"false"}
     served = Counter(r.data.tags[metrics.TAG_WORKER] for r in warm.values())
     assert max(served.values()) >= 2, served  # some worker trained several points
+    if "launcher.cpus=2" in device:  # 2 cores: a worker per shape (1 + 2 ranks), no third to start beside them
+        assert sorted(served.values()) == [2, 2], served
+        started = list(tmp_path.glob("multirun/*/*/.submitit/*/*_submitted.pkl"))
+        assert len(started) == 2 + 4, started  # the warm sweep's two workers, the cold sweep's four jobs
     for name in warm:
         a, b = final_weights(warm_uri, warm[name].info.run_id), final_weights(cold_uri, cold[name].info.run_id)
         for key in a:

@@ -4,7 +4,8 @@ Warm (``launcher.warm``, the default): a job is a worker that serves a queue of 
 shape (sweeper/runners/warm.py). Workers start before the sweep's runs are recorded, their
 start-up beside the sweeper's. Every shape's workers start at once (nproc=1: one per GPU, or
 core; nproc=2: one per pair) and share the GPUs or cores, each holding its own only while it
-trains a point (trainer/ranks/lease.py): start-up overlaps, training never does. Cold (a job per
+trains a point (trainer/ranks/lease.py): start-up overlaps, training never does. On CPU cores,
+workers beyond each shape's first start only while all their ranks fit the cores. Cold (a job per
 point), jobs start while GPUs or cores are free: never oversubscribed, never shared, and what
 does not fit waits for a release.
 """
@@ -20,7 +21,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from sweeper.point_job import run_point, run_worker
 from sweeper.points import Point, Shape
 from sweeper.runners.base import WithoutScheduler
-from sweeper.runners.warm import Ticket, WarmPool
+from sweeper.runners.warm import Queue, Ticket, WarmPool
 from trainer.errors import ConfigError
 from trainer.lifecycle.reference_jobs import CORES_ENV
 from trainer.ranks import lease
@@ -100,21 +101,36 @@ class LocalRunner(WithoutScheduler):
 
     def _start_workers(self) -> None:
         """Workers for the queues that can use more, in the sweep's order: one per free slot of the
-        queue's shape (nproc GPUs, or cores, of the machine), sharing them under leases."""
-        pool = self.pool
-        for q in pool.queues:
-            shape = q.points[0].shape
-            kind, have = ("gpu", self.n_gpus) if shape.gpus_per_task else ("core", self.n_cpus)
-            for _ in range(pool.needs_workers(q)):
-                taken = {self.slots[(q.dir, n)] for n in q.live() if (q.dir, n) in self.slots}
-                free = [s for s in range(have // q.nproc) if s not in taken]
-                if not free:
+        queue's shape (nproc GPUs, or cores, of the machine), sharing them under leases. On CPU
+        cores a queue gets its first worker always, more only while all workers' ranks fit the
+        cores: a CPU worker's start-up takes the cores the others start and train on."""
+        for q in self.pool.queues:  # every shape's first worker
+            if not q.live() and self.pool.needs_workers(q):
+                self._start_worker(q)
+        for q in self.pool.queues:  # then more, in the sweep's order
+            for _ in range(self.pool.needs_workers(q)):
+                if not self._start_worker(q):
                     break
-                units = list(range(free[0] * q.nproc, (free[0] + 1) * q.nproc))
-                name = pool.new_name()
-                args = (str(q.dir), name, q.nproc, q.mpiexec)
-                q.workers[name] = self._submit(shape, len(q.points), run_worker, *args, env=q.env, units=(kind, units))
-                self.slots[(q.dir, name)] = free[0]
+
+    def _start_worker(self, q: Queue) -> bool:
+        """One more worker for ``q`` on a free slot of its shape; False where none is free (or, on
+        CPU cores, a queue's second or later worker's ranks would not fit beside the live workers')."""
+        shape = q.points[0].shape
+        kind, have = ("gpu", self.n_gpus) if shape.gpus_per_task else ("core", self.n_cpus)
+        taken = {self.slots[(q.dir, n)] for n in q.live() if (q.dir, n) in self.slots}
+        free = [s for s in range(have // q.nproc) if s not in taken]
+        if not free or (q.live() and kind == "core" and self._cpu_ranks() + q.nproc > have):
+            return False
+        units = list(range(free[0] * q.nproc, (free[0] + 1) * q.nproc))
+        name = self.pool.new_name()
+        args = (str(q.dir), name, q.nproc, q.mpiexec)
+        q.workers[name] = self._submit(shape, len(q.points), run_worker, *args, env=q.env, units=(kind, units))
+        self.slots[(q.dir, name)] = free[0]
+        return True
+
+    def _cpu_ranks(self) -> int:
+        """The ranks of the live workers on CPU cores."""
+        return sum(q.nproc * len(q.live()) for q in self.pool.queues if not q.points[0].shape.gpus_per_task)
 
     def _submit(
         self,
