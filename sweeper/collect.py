@@ -60,8 +60,12 @@ def collect(
                 run = record.client.get_run(run.info.run_id)
             if error is not None and status == "FINISHED":
                 status = "FAILED"
+            if status == "KILLED" and error is None and run is not None and metrics.TAG_STOPPED in run.data.tags:
+                status = "PRUNED"  # a search stopped it between epochs (sweeper/search.py): no failure
             text = ""
-            if status != "FINISHED":
+            if status == "PRUNED":
+                text = run.data.tags[metrics.TAG_STOPPED]
+            elif status != "FINISHED":
                 text = (run.data.tags.get(metrics.TAG_ERROR, "") if run is not None else "") or why
             outcomes.append(display.Outcome(p.name, status, run, text, log))
     return outcomes
@@ -121,7 +125,7 @@ def close_runs(
                 raise
             away = e
     add_jobs(runner, outcomes)
-    ok = all(o.status in ("FINISHED", "SKIPPED") for o in outcomes)
+    ok = all(o.status in display.ENDED_WELL for o in outcomes)
     away = end_parent(record, "KILLED" if flight.interrupted else "FINISHED" if ok else "FAILED", sweep_dir, away)
     return outcomes, away
 

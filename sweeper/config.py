@@ -105,6 +105,32 @@ class SweepConfig(TrainerConfig):
     report: ReportOptions = field(default_factory=ReportOptions)
 
 
+class Direction(Enum):
+    minimize = "minimize"
+    maximize = "maximize"
+
+
+class Pruner(Enum):
+    none = "none"
+    median = "median"  # Optuna's MedianPruner: below the median of earlier trials at the same epoch
+    threshold = "threshold"  # Optuna's ThresholdPruner: past hydra.sweeper.prune_threshold
+
+
+@dataclass
+class SearchSweeperConfig:
+    """hydra/sweeper=search: an asynchronous Optuna search (sweeper/search.py); its keys under hydra.sweeper."""
+
+    _target_: str = "hydra_plugins.sweepscale_launcher.search.SearchSweeper"
+    n_trials: int = 20  # the study's trials in all: a study resumed runs what is left
+    objective: str = "test/precision"  # a metric every trial's run records (its last value)
+    direction: Direction = Direction.maximize
+    study_name: str | None = None  # null: named by the space, the fixed overrides and the objective
+    storage: str | None = None  # null: sqlite optuna.db beside a SQLite MLflow store
+    seed: int | None = 0  # the TPE sampler's seed
+    pruner: Pruner = Pruner.none  # stop trials between epochs (their runs end KILLED, the sweep calls them PRUNED)
+    prune_threshold: float | None = None  # pruner=threshold: below it (maximize) or above it (minimize) stops
+
+
 # Command-line shorthands for sweep options: python -m sweeper -m ... --dry-run
 FLAGS = {"--dry-run": "sweep.dry_run=true", "--force": "sweep.force=true"}
 
@@ -169,6 +195,7 @@ def register() -> None:
     # Hydra's basic sweeper, checking the grid with the launcher's fast composition (BasicSweeperConf's keys).
     sweeper = {"_target_": "hydra_plugins.sweepscale_launcher.sweeper.SweepscaleSweeper", "max_batch_size": None}
     cs.store(group="hydra/sweeper", name="sweepscale", node={**sweeper, "params": None})
+    cs.store(group="hydra/sweeper", name="search", node=SearchSweeperConfig)
     cs.store(
         group="hydra/launcher",
         name="sweepscale",

@@ -62,10 +62,13 @@ def preview(rows: list[tuple[str, int, str, str]], sbatch: dict[str, str]) -> No
         console.print(f"[bold]{title}[/bold]\n{text}")
 
 
+ENDED_WELL = ("FINISHED", "SKIPPED", "PRUNED")  # outcomes that fail no sweep (PRUNED: a search stopped it)
+
+
 @dataclass
 class Outcome:
     name: str
-    status: str  # FINISHED, FAILED, KILLED, SKIPPED, CANCELLED
+    status: str  # FINISHED, FAILED, KILLED, SKIPPED, CANCELLED, PRUNED (a search stopped it between epochs)
     run: Any = None  # the MLflow run, when there is one
     error: str = ""
     log: str = ""
@@ -91,7 +94,7 @@ def summary(outcomes: list[Outcome], report: Any = None) -> None:
         def fmt(key: str, spec: str, m: dict = m) -> str:
             return format(m[key], spec) if key in m else "-"
 
-        colour = {"FINISHED": "green", "SKIPPED": "cyan"}.get(o.status, "red")
+        colour = {"FINISHED": "green", "SKIPPED": "cyan", "PRUNED": "yellow"}.get(o.status, "red")
         status = f"[{colour}]{o.status}[/{colour}]" + (" [red]diverged[/red]" if row.get("diverged") else "")
         speedup = row.get("strong_speedup") or row.get("weak_speedup") or ""
         beside = bool(speedup) and row.get("runs_beside") not in ("", 0, 0.0)
@@ -114,7 +117,9 @@ def summary(outcomes: list[Outcome], report: Any = None) -> None:
     if contended:
         console.print("[red]![/red] timed beside other runs on its host: see the report's findings")
     for o in outcomes:
-        if o.error or (o.status not in ("FINISHED", "SKIPPED") and o.log):
+        if o.status == "PRUNED":  # the search stopped it: why, no log to read
+            console.print(f"[yellow]{o.name}[/yellow] PRUNED: {o.error}")
+        elif o.error or (o.status not in ("FINISHED", "SKIPPED") and o.log):
             why = "\n  ".join(o.error.strip().splitlines())
             console.print(f"[red]{o.name}[/red] {o.status}: {why}" + (f"\n  log: {o.log}" if o.log else ""))
 

@@ -92,6 +92,15 @@ class SweepRecord:
         self.started = (name, tags, params, points)  # for a report built offline (sweeper/offline_report.py)
         return self.parent_id
 
+    def replan(self, points: list[Point], reused: dict[str, str]) -> None:
+        """The parent's list of points again, once a search has asked for all of its trials."""
+        planned = [
+            {"name": p.name, "config_hash": p.config_hash, "reused_run": reused.get(p.config_hash)} for p in points
+        ]
+        self.client.log_dict(self.parent_id, planned, POINTS_ARTIFACT)
+        if self.started is not None:
+            self.started = (*self.started[:3], planned)
+
     def children(self, sweep_id: str) -> dict[str, Any]:
         """Child runs of this sweep by run name (the point's overrides)."""
         runs = self.client.search_runs(

@@ -12,11 +12,11 @@ import time
 import traceback
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig
 
-from sweeper import display, offline_report, records, timeline
+from sweeper import display, offline_report, records, search_flow, timeline
 from sweeper.collect import close_runs, spent
 from sweeper.config import validate_sweep
 from sweeper.plan import plan
@@ -34,9 +34,15 @@ from trainer.core.clock import process_start
 from trainer.record import provenance, store, uri_check
 from trainer.record.checkpoint import resume_key
 
+if TYPE_CHECKING:
+    from sweeper.search import Search
 
-def run_sweep(base: DictConfig, points: list[Point], sweep_dir: Path, overrides: list[str]) -> int:
-    """Run the points Hydra expanded; the exit status: 0 all finished, 1 some failed, 130 interrupted."""
+
+def run_sweep(
+    base: DictConfig, points: list[Point], sweep_dir: Path, overrides: list[str], search: Search | None = None
+) -> int:
+    """Run the points Hydra expanded, or a ``search``'s trials as it asks for them; the exit status:
+    0 all finished, 1 some failed, 130 interrupted."""
     launcher, opts = base.launcher, base.sweep
     logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)  # its errors reach us raised: said in a line
     store.open_ahead()  # seconds of imports, beside the planning
@@ -44,8 +50,11 @@ def run_sweep(base: DictConfig, points: list[Point], sweep_dir: Path, overrides:
         validate_sweep(base)
         sweep_id = uuid.uuid4().hex[:8]
         runner = make_runner(launcher, sweep_dir, f"sweepscale-{sweep_id}")
+        if search is not None:  # the space's ends stand for every trial in the checks, and run not
+            points = search_flow.corners(search, runner)
         groups = plan(points, runner)
-        points, groups = distinct(points, groups)
+        if search is None:
+            points, groups = distinct(points, groups)
     with phase("data check"):
         check_data(points)
     with phase("scheduler and store checks"):
@@ -55,6 +64,8 @@ def run_sweep(base: DictConfig, points: list[Point], sweep_dir: Path, overrides:
     if opts.dry_run:
         preview(points, runner.preview(groups), unchecked)
         return 0
+    if search is not None:
+        points = search_flow.first(search, runner, points)
 
     with phase("workers' start"):
         os.environ[store.AHEAD] = uri  # the workers open it while they wait for their points
@@ -66,16 +77,22 @@ def run_sweep(base: DictConfig, points: list[Point], sweep_dir: Path, overrides:
             todo, done_before, earlier = open_sweep(record, runner, sweep_id, points, sweep_dir, overrides, opts.force)
         with phase("runs"):
             drawing.warm_up()  # the report's drawers start beside the runs
-            flight = watch(runner, todo, len(points), len(done_before), opts.poll_s, earlier)
+            more = None if search is None else search_flow.feed(search, record, runner, sweep_id, done_before)
+            total = len(points) if search is None else search.opts.n_trials
+            flight = watch(runner, todo, total, len(done_before), opts.poll_s, earlier, more)
+            if search is not None:
+                points = search_flow.end(search, record, runner, flight, done_before)
     except BaseException as e:  # e.g. the store refused the parent, sbatch refused a job
         drawing.stop()
         runner.stop()  # the workers waiting for points end
+        if search is not None and search.study is not None:
+            search.interrupted()
         if record is not None:
             record.abandon(e)  # no run of this sweep stays RUNNING
         raise
     with phase("collect"):
         outcomes, away = close_runs(record, runner, sweep_id, points, done_before, flight, earlier, sweep_dir, opts)
-        ok = all(o.status in ("FINISHED", "SKIPPED") for o in outcomes)
+        ok = all(o.status in display.ENDED_WELL for o in outcomes)
     with phase("report"):
         ended = "KILLED" if flight.interrupted else "FINISHED" if ok else "FAILED"
         report = write_report(record, sweep_dir, base.report.target, offline=None if away is None else ended)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -31,15 +32,25 @@ class Flight:
 
 
 def watch(
-    runner: Runner, todo: list[Point], total: int, skipped: int, poll_s: float, earlier: dict | None = None
+    runner: Runner,
+    todo: list[Point],
+    total: int,
+    skipped: int,
+    poll_s: float,
+    earlier: dict | None = None,
+    more: Callable[[Flight], list[Point]] | None = None,
 ) -> Flight:
     """Run ``todo`` to its end (or to an interrupt), and watch ``earlier`` (index -> (point, job)
-    an earlier sweep left running) to theirs; ``total`` and ``skipped`` are for the counts."""
+    an earlier sweep left running) to theirs; ``total`` and ``skipped`` are for the counts.
+    ``more``: a search's next points, asked at every step (sweeper/search.py); the watch ends once
+    it gives none and nothing is queued or running."""
     flight = Flight(list(todo), running=dict(earlier or {}), earlier=set(earlier or {}))
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         with display.Progress(total) as progress:
             while True:  # at least one step: with nothing to run, it tells early workers so
+                if more is not None:
+                    flight.queued.extend(more(flight))
                 step(runner, flight)
                 failed = sum(e is not None for e in flight.finished.values())
                 pending = runner.pending()
@@ -53,7 +64,10 @@ def watch(
                 }
                 progress.update(counts, pending)
                 if not (flight.queued or flight.running):
-                    break
+                    if more is None or not (new := more(flight)):  # a search's last trials told
+                        break
+                    flight.queued.extend(new)
+                    continue
                 time.sleep(poll_s)
     except KeyboardInterrupt:
         flight.interrupted = True

@@ -144,6 +144,10 @@ class SaveConfig:
     # Per-epoch checkpoints here (trainer/record/checkpoint.py); a run started again resumes from them.
     # Null: none. The sweeper sets each point's folder. Not hashed: where, not what.
     checkpoint_dir: str | None = None
+    # Each epoch's loss and precision appended to progress.jsonl here, and a file `stop` here ends
+    # the run after its epoch (trainer/lifecycle/progress.py): a search's trials, which it prunes so.
+    # Null: neither. Not hashed.
+    progress_dir: str | None = None
 
 
 @dataclass

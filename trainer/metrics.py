@@ -65,6 +65,9 @@ TAG_SWEEPER = "sweepscale.sweeper"  # "host pid" of the sweeper process: a later
 # How a run's process started: warm (a worker that serves many points) or cold (its own process).
 TAG_WARM = "sweepscale.warm"  # "true" | "false"
 TAG_WORKER = "sweepscale.worker"
+TAG_STOPPED = "sweepscale.stopped"  # a run the sweep stopped between epochs (a pruned trial): why
+TAG_TRIAL = "sweepscale.trial"  # a search's child run: its Optuna trial number (sweeper/search.py)
+TAG_SEARCH = "sweepscale.search"  # a search's parent run: its study, storage, objective, direction (JSON)
 # Each rank's node and device: "0=node1/gpu0 (NVIDIA H100 80GB HBM3); 1=node1/gpu1 (...)", or ".../cpu".
 TAG_RANK_DEVICES = "sweepscale.rank_devices"  # which worker served it (host:pid of its rank 0), warm runs only
 # A run resumed from a checkpoint (trainer/record/checkpoint.py): the epoch it went on from; the job's restarts.

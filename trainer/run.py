@@ -28,6 +28,7 @@ from trainer.lifecycle import faults, launch, reference_jobs, requeue
 from trainer.lifecycle.check import PendingCheck, first_weights, steps_checked
 from trainer.lifecycle.check import start as start_reference
 from trainer.lifecycle.epoch_end import EpochEnd
+from trainer.lifecycle.progress import StopRequested
 from trainer.lifecycle.requeue import TimeLimitReached
 from trainer.options import StepOptions
 from trainer.ranks import parallel, sigterm
@@ -126,6 +127,11 @@ def train_and_defer(
             if recorder is not None:
                 run_id = recorder.settled_run_id()
         return 0 if pending is None else pending
+    except StopRequested as e:  # a search pruned it: every rank stopped at the same epoch, the next point comes
+        if recorder is not None:
+            recorder.set_tags({metrics.TAG_STOPPED: str(e)})
+            recorder.finish("KILLED")
+        return 0
     except BaseException as e:
         if isinstance(e, TimeLimitReached):  # every rank stopped at the same epoch: rank 0 says so
             if world.rank == 0:

@@ -5,7 +5,9 @@
 QUEUE is a folder of ``todo/<n>`` files, each holding the folder of one point (its config, as a
 cold job would run it); the sweeper may start workers before it writes them (their start-up
 overlaps its own), and they wait for the queue's seal, the sign that every ticket is there (or
-for the end of the sweeper that owns the queue). Rank 0 claims the next ticket by renaming it to
+for the end of the sweeper that owns the queue); a search's queue streams: its tickets come
+while the workers train, and an idle worker waits for the next one (outside its lease) until the
+seal. Rank 0 claims the next ticket by renaming it to
 ``claimed/<n>.<W>`` (atomic, so workers sharing a queue never take one point twice), the ranks
 train it with MPI, CuPy, MLflow and the data already loaded, and rank 0 writes ``result.json`` in
 the point's folder once the point's run has ended and its CPU check has landed. A run ends with
@@ -36,7 +38,18 @@ from typing import Any
 
 from trainer.gpu import policy
 from trainer.lifecycle import requeue
-from trainer.lifecycle.queue_files import DATA_HINT, POINT_DATA, TODO, claim, data_key, wait_sealed, write_result
+from trainer.lifecycle.queue_files import (
+    DATA_HINT,
+    POINT_DATA,
+    TODO,
+    claim,
+    data_key,
+    sealed,
+    streaming,
+    wait_sealed,
+    wait_ticket,
+    write_result,
+)
 from trainer.ranks import lease as leases
 from trainer.ranks import parallel, sigterm
 from trainer.ranks.processes import run_then_exit
@@ -128,6 +141,7 @@ def _serve(queue: Path, name: str, world: parallel.World, worker: str, waiting: 
     _say(world, f"data loaded, {len(datasets.loaded)} set(s)")
     if not wait_sealed(queue):
         return 0
+    stream = streaming(queue)
     if world.rank == 0:
         _prefetch_checks(queue, world, datasets)
     while True:
@@ -135,6 +149,8 @@ def _serve(queue: Path, name: str, world: parallel.World, worker: str, waiting: 
             return KILLED_STATUS
         if requeue.warned(world.comm) and requeue.requeues_left() > 0:  # the job's restart serves the rest
             return _settle(waiting, worker, block=True) or requeue.REQUEUE_STATUS
+        if stream and not _next_ticket(queue, world, waiting, worker):  # a search's: not holding the lease
+            return _settle(waiting, worker, block=True)
         if lease is not None:
             lease.acquire(world.comm)
         try:
@@ -142,12 +158,21 @@ def _serve(queue: Path, name: str, world: parallel.World, worker: str, waiting: 
         finally:  # trained (its run may wait for the reference: no GPU needed), or failed
             if lease is not None:
                 lease.release()
-        if status is None:
+        if status is None and (not stream or world.comm.bcast(sealed(queue) if world.rank == 0 else None)):
             return _settle(waiting, worker, block=True)  # the last points' references
+        # (a search's queue, not sealed: another worker took the ticket; wait for the next)
         if status == requeue.REQUEUE_STATUS:  # the point resumes from its checkpoint after the requeue
             return _settle(waiting, worker, block=True) or status
         if status == KILLED_STATUS or sigterm.seen():  # SIGTERM: serve no other point
             return KILLED_STATUS
+
+
+def _next_ticket(queue: Path, world: parallel.World, waiting: list, worker: str) -> bool:
+    """A streaming queue's worker, between points: rank 0 waits for a ticket or the seal, landing
+    its checks meanwhile (their results are what the search waits for); False: the sweeper is gone."""
+    ok = wait_ticket(queue, lambda: _settle(waiting, worker, block=False)) if world.rank == 0 else True
+    parallel.wait_for_all(world.comm)  # the other ranks asleep meanwhile
+    return bool(world.comm.bcast(ok))
 
 
 def _prefetch_checks(queue: Path, world: parallel.World, datasets: Datasets) -> None:

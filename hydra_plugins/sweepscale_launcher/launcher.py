@@ -1,13 +1,15 @@
 """sweepscale's Hydra launcher: Hydra expands the grid, the sweeper does the rest.
 
 Hydra's stock launchers give every point of a multirun the same resources; this one composes
-each point, then hands all of them to sweeper.sweep.run_sweep, which groups them by shape.
+each point, then hands all of them to sweeper.sweep.run_sweep, which groups them by shape. A
+search (hydra/sweeper=search, search.py here) asks it for points one trial at a time instead.
 """
 
 from __future__ import annotations
 
+import contextlib
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,30 +28,61 @@ class SweepscaleLauncher(Launcher):
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         from hydra_plugins.sweepscale_launcher.compose import PointComposer
-        from sweeper.folders import DISK_FULL, claim_folder, note_end, release_folder
-        from sweeper.plan import trainer_config
-        from sweeper.points import Point, labels
+        from sweeper.points import labels
         from sweeper.sweep import run_sweep
         from sweeper.timeline import phase
-        from trainer.errors import ConfigError, disk_full
 
-        sweep_dir = claim_folder(Path(str(self.config.hydra.sweep.dir)).resolve())
         points = []
         names = labels([list(o) for o in job_overrides])
         # Hydra's load_sweep_config for each point, without recomposing what points share (issue #19).
         composer = PointComposer(self.hydra_context.config_loader, self.config)
-        try:
+        with self.sweep_folder() as sweep_dir:
             with phase("compose points"):
                 for i, overrides in enumerate(job_overrides):
-                    cfg = composer.compose(list(overrides))
-                    with open_dict(cfg):
-                        cfg.hydra.job.num = initial_job_idx + i
-                    subdir = str(OmegaConf.select(cfg, "hydra.sweep.subdir"))
-                    point = Point(
-                        initial_job_idx + i, list(overrides), trainer_config(cfg), sweep_dir / subdir, names[i]
-                    )
-                    points.append(point)
+                    points.append(compose_point(composer, initial_job_idx + i, list(overrides), names[i], sweep_dir))
             status = run_sweep(self.config, points, sweep_dir, list(self.config.hydra.overrides.task))
+        if status:
+            sys.exit(status)
+        return [
+            JobReturn(overrides=list(p.overrides), cfg=p.trainer, status=JobStatus.COMPLETED, _return_value=0)
+            for p in points
+        ]
+
+    def search(self, arguments: list[str], options: Any) -> None:
+        """Run a search (sweeper/search.py): its points composed as the study asks for them."""
+        from hydra_plugins.sweepscale_launcher.compose import PointComposer
+        from sweeper.records import absolute_uri
+        from sweeper.search import Search
+        from sweeper.sweep import run_sweep
+        from trainer import metrics
+        from trainer.record import store
+
+        composer = PointComposer(self.hydra_context.config_loader, self.config)
+        with self.sweep_folder() as sweep_dir:
+
+            def make_point(index: int, overrides: list[str], name: str) -> Any:
+                point = compose_point(composer, index, overrides, name, sweep_dir)
+                with open_dict(point.trainer):
+                    point.trainer.mlflow.tags = {**point.trainer.mlflow.tags, metrics.TAG_TRIAL: str(index)}
+                    point.trainer.save.progress_dir = str(point.dir.resolve())  # read between epochs (pruning)
+                return point
+
+            uri = absolute_uri(store.tracking_uri(self.config.mlflow.tracking_uri))
+            search = Search(arguments, options, uri, make_point)
+            status = run_sweep(self.config, [], sweep_dir, list(self.config.hydra.overrides.task), search=search)
+        if status:
+            sys.exit(status)
+
+    @contextlib.contextmanager
+    def sweep_folder(self) -> Iterator[Path]:
+        """The sweep's folder, claimed; released again (with a clear line, exit 2) where the sweep is
+        refused before anything started, or the disk is full."""
+        from sweeper.folders import DISK_FULL, claim_folder, note_end, release_folder
+        from trainer.errors import ConfigError, disk_full
+
+        sweep_dir = claim_folder(Path(str(self.config.hydra.sweep.dir)).resolve())
+        try:
+            yield sweep_dir
         except ConfigError as e:
             release_folder(sweep_dir)  # refused before anything started: no empty sweep folder left
             print(f"Error: {e}", file=sys.stderr)
@@ -61,9 +94,15 @@ class SweepscaleLauncher(Launcher):
                 print(f"Error: {DISK_FULL.format(folder=sweep_dir, error=full)}", file=sys.stderr)
                 sys.exit(1)
             raise
-        if status:
-            sys.exit(status)
-        return [
-            JobReturn(overrides=list(p.overrides), cfg=p.trainer, status=JobStatus.COMPLETED, _return_value=0)
-            for p in points
-        ]
+
+
+def compose_point(composer: Any, index: int, overrides: list[str], name: str, sweep_dir: Path) -> Any:
+    """Point ``index`` of the sweep: its config composed by Hydra's rules, its folder Hydra's subdir."""
+    from sweeper.plan import trainer_config
+    from sweeper.points import Point
+
+    cfg = composer.compose(overrides)
+    with open_dict(cfg):
+        cfg.hydra.job.num = index
+    subdir = str(OmegaConf.select(cfg, "hydra.sweep.subdir"))
+    return Point(index, overrides, trainer_config(cfg), sweep_dir / subdir, name)

@@ -17,23 +17,10 @@ from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 
 class SweepscaleSweeper(BasicSweeper):
     def sweep(self, arguments: list[str]) -> Any:
-        """BasicSweeper's, once the sweep's folder is known to take files (Hydra would fail writing
-        its multirun.yaml there with a traceback naming no key) and is this sweep's alone: another
-        started in the same second gets the next one, before Hydra writes its multirun.yaml."""
-        from omegaconf import open_dict
+        """BasicSweeper's, in the sweep's folder claimed (claim_sweep_folder)."""
+        from sweeper.folders import release_folder
 
-        from sweeper.folders import claim_folder, release_folder
-        from trainer.errors import ConfigError
-        from trainer.limits import check_writable
-
-        try:
-            check_writable("hydra.sweep.dir", str(self.config.hydra.sweep.dir))
-        except ConfigError as e:
-            print(f"Error: {e}", file=sys.stderr)
-            sys.exit(2)
-        folder = claim_folder(Path(str(self.config.hydra.sweep.dir)).resolve())
-        with open_dict(self.config):  # the launcher shares this config: it finds the folder claimed
-            self.config.hydra.sweep.dir = str(folder)
+        folder = claim_sweep_folder(self.config)
         try:
             return super().sweep(arguments)
         except BaseException:  # refused before any point ran (a bad override): no empty folder left
@@ -52,3 +39,24 @@ class SweepscaleSweeper(BasicSweeper):
         except BaseException:  # refused (an unknown key, a value of the wrong type): the folder Hydra made goes
             release_folder(Path(str(self.config.hydra.sweep.dir)))
             raise
+
+
+def claim_sweep_folder(config: Any) -> Path:
+    """The sweep's folder, once known to take files (Hydra would fail writing its multirun.yaml
+    there with a traceback naming no key) and this sweep's alone: another started in the same
+    second gets the next one. The launcher shares ``config``: it finds the folder claimed."""
+    from omegaconf import open_dict
+
+    from sweeper.folders import claim_folder
+    from trainer.errors import ConfigError
+    from trainer.limits import check_writable
+
+    try:
+        check_writable("hydra.sweep.dir", str(config.hydra.sweep.dir))
+    except ConfigError as e:
+        print(f"Error: {e}", file=sys.stderr)
+        sys.exit(2)
+    folder = claim_folder(Path(str(config.hydra.sweep.dir)).resolve())
+    with open_dict(config):
+        config.hydra.sweep.dir = str(folder)
+    return folder

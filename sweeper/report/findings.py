@@ -33,7 +33,8 @@ def findings(points: Sequence[Any], axis: Sequence[str], best: Any | None, fams:
     verdict. ``points`` in the report's order: ``fams`` index its finished ones."""
     finished = [p for p in points if p.status == "FINISHED"]
     out = []
-    failed = [p for p in points if p.status != "FINISHED"]
+    pruned = [p for p in points if p.status == "KILLED" and metrics.TAG_STOPPED in p.tags]
+    failed = [p for p in points if p.status != "FINISHED" and p not in pruned]
     if best is not None and not timing_study(finished):
         loss = f", final loss {best.loss_epoch[-1][1]:.4f}" if best.loss_epoch else ""
         out.append(
@@ -48,6 +49,8 @@ def findings(points: Sequence[Any], axis: Sequence[str], best: Any | None, fams:
         out.append("No point diverged.")
     if failed:
         out.append(f"Failed or stopped: {', '.join(f'{p.name} ({p.status})' for p in failed)}.")
+    if pruned:
+        out.append(f"Pruned by the search between epochs (their runs KILLED): {', '.join(p.name for p in pruned)}.")
     out += _nproc_effect(finished, fams)
     out += _scaling_verdict(fams)
     return out

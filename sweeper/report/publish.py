@@ -15,7 +15,16 @@ from pathlib import Path
 from typing import Any
 
 from sweeper import resources
-from sweeper.report import analysis, convergence, families, findings, page, scaling, time_to_target
+from sweeper.report import (
+    analysis,
+    convergence,
+    families,
+    findings,
+    page,
+    scaling,
+    search_progress,
+    time_to_target,
+)
 from sweeper.report.drawing import draw
 from sweeper.report.overhead import Overhead, in_run_s, per_sweep
 from sweeper.report.roofline import roofline_figure
@@ -89,6 +98,13 @@ def build(study: Study, folder: Path, target: float | None = None) -> Report:
         drawn["Time to accuracy against GPUs"] = draw(
             time_to_target.figure, reaching, target, folder / "time_to_target.png"
         )
+    for sweep in study.sweeps:  # a search's: its objective by trial, the best so far, against each value
+        if sweep.search:
+            s = sweep.search
+            drawn["Search: objective by trial"] = draw(
+                search_progress.figure, points, s["objective"], s["direction"], s["searched"], folder / "search.png"
+            )
+            break
     drawn["Roofline"] = draw(roofline_figure, finished, folder / "roofline.png")
     regimes: dict[str, list] = {}
     for caption, future in drawn.items():

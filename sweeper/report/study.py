@@ -17,7 +17,7 @@ from trainer import metrics
 
 POINTS_ARTIFACT = "points.json"
 # Config keys that say where a run is recorded or how it is started, not what it computes.
-BOOKKEEPING = ("mlflow.", "mpi.", "check.cache_dir", "fault.", "profile")
+BOOKKEEPING = ("mlflow.", "mpi.", "check.cache_dir", "fault.", "profile", "save.checkpoint_dir", "save.progress_dir")
 
 
 @dataclass
@@ -70,6 +70,7 @@ class Sweep:
     start_ms: int
     end_ms: int | None
     folder: str
+    search: dict[str, Any] = field(default_factory=dict)  # a search's: study, objective, direction, searched keys
 
 
 @dataclass
@@ -141,6 +142,7 @@ def load_sweep(run: Any) -> Sweep:
         start_ms=run.info.start_time,
         end_ms=run.info.end_time,
         folder=tags.get(metrics.TAG_SWEEP_DIR, ""),
+        search=json.loads(tags.get(metrics.TAG_SEARCH, "{}")),
     )
 
 

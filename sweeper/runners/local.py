@@ -47,6 +47,7 @@ class LocalRunner(WithoutScheduler):
         self.held: dict[str, tuple[list[int], int]] = {}  # job id -> the GPUs and the CPU cores it holds
         self.executor = None
         self.pool = WarmPool(folder, launcher.max_restarts) if launcher.warm else None
+        self.streaming = False  # a search's (sweeper/search_flow.py): points come while the sweep runs
         self.slots: dict[
             tuple[Path, str], int
         ] = {}  # (queue, worker) -> which GPUs (or cores) of the machine it shares
@@ -70,11 +71,30 @@ class LocalRunner(WithoutScheduler):
     def preview(self, groups: dict[Shape, list[Point]]) -> dict[str, str]:
         return {}  # the table of points and resources says it all
 
+    @property
+    def streams(self) -> bool:
+        """Whether a search's points may come while the sweep runs (warm workers only)."""
+        return self.pool is not None
+
+    def units(self, shape: Shape) -> int:
+        """The GPUs, or cores, points of this shape share: how many a search keeps in flight."""
+        return self.n_gpus if shape.gpus_per_task else self.n_cpus
+
     def prestart(self, points: list[Point]) -> None:
         """Warm: open the queues and start their workers now; they wait for the tickets."""
         if self.pool is not None:
-            self.pool.add(points, seal=False)
+            if self.streaming:
+                self.pool.put(points, tickets=False)
+            else:
+                self.pool.add(points, seal=False)
             self._start_workers()
+
+    def end_stream(self) -> None:
+        """A search asked for its last trial: its queues sealed, their workers end once idle."""
+        if self.pool is not None:
+            for q in self.pool.queues:
+                if q.streaming and not q.sealed:
+                    q.seal([])
 
     def start(self, queued: list[Point]) -> list[tuple[Point, Job]]:
         if self.pool is not None:
@@ -89,7 +109,9 @@ class LocalRunner(WithoutScheduler):
 
     def _start_warm(self, queued: list[Point]) -> list[tuple[Point, Job]]:
         pool = self.pool
-        if not pool.queues:
+        if self.streaming:  # a search's points: tickets as they come, the queues left open
+            pool.put(queued)
+        elif not pool.queues:
             pool.add(queued)
         else:
             pool.seal(queued)  # the queues prestart opened: their tickets now

@@ -43,6 +43,8 @@ class Queue:
     given_up: str = ""  # why no worker serves the rest: the points left fail (or are KILLED) with it
     last_ended: Job | None = None  # the worker whose end gave the queue up: its logs say why
     sealed: bool = False  # its tickets are written: workers may end when it is empty
+    streaming: bool = False  # a search's: tickets come while its workers train (put), until the seal
+    ticketed: set[int] = field(default_factory=set)  # a streaming queue's points given their ticket
 
     @property
     def nproc(self) -> int:
@@ -65,6 +67,14 @@ class Queue:
         for sub in (protocol.TODO, protocol.CLAIMED):
             (self.dir / sub).mkdir(parents=True, exist_ok=True)
         (self.dir / protocol.OWNER).write_text(owner())
+        if self.streaming:
+            (self.dir / protocol.STREAMING).touch()
+
+    def put(self, point: Point) -> None:
+        """A streaming queue's point's ticket, at once claimable (once)."""
+        if point.index not in self.ticketed:
+            (self.dir / protocol.TODO / f"{point.index:06d}").write_text(str(point.dir.resolve()))
+            self.ticketed.add(point.index)
 
     def seal(self, points: list[Point]) -> None:
         """One ticket per point to run, named so that workers take them in the sweep's order, then
@@ -75,9 +85,9 @@ class Queue:
         self.sealed = True
 
     def unclaimed(self) -> int:
-        """Points no worker has taken yet (before the seal: every point it may get)."""
+        """Points no worker has taken yet (before a grid's seal: every point it may get)."""
         if not self.sealed:
-            return len(self.points)
+            return len(self.points) - (len(self.claims()) if self.streaming else 0)
         return sum(1 for _ in (self.dir / protocol.TODO).iterdir())
 
     def claims(self) -> dict[int, str]:
@@ -188,12 +198,26 @@ class WarmPool:
                 added.append(q)
         return added
 
+    def put(self, points: list[Point], tickets: bool = True) -> None:
+        """A search's points (sweeper/search.py), each in its kind's streaming queue (opened for a
+        kind not seen before), with its ticket unless ``tickets`` is False (workers start early)."""
+        for p in points:
+            q = next((q for q in self.queues if q.streaming and queue_key(q.points[0]) == queue_key(p)), None)
+            if q is None:
+                q = Queue(self.folder / "queues" / f"q{len(self.queues)}", [], streaming=True)
+                q.open()
+                self.queues.append(q)
+            if p not in q.points:
+                q.points.append(p)
+            if tickets:
+                q.put(p)
+
     def seal(self, queued: list[Point]) -> None:
         """Tickets for the points still to run (the others were recorded before: resumed), in
         every open queue."""
         todo = {p.index for p in queued}
         for q in self.queues:
-            if not q.sealed:
+            if not q.sealed and not q.streaming:
                 q.seal([p for p in q.points if p.index in todo])
 
     def new_name(self) -> str:

@@ -15,7 +15,8 @@ from trainer.config import Divergence
 from trainer.core import model
 from trainer.core.clock import PhaseClock
 from trainer.core.loop import EpochResult, Snapshot, check_finite
-from trainer.lifecycle import requeue
+from trainer.lifecycle import progress, requeue
+from trainer.lifecycle.progress import StopRequested
 from trainer.lifecycle.requeue import TimeLimitReached
 from trainer.record import checkpoint, console, tracking
 from trainer.record.run_record import record_epoch
@@ -50,10 +51,18 @@ class EpochEnd:
             record_epoch(self.recorder, e, precision)
             console.epoch_line(e.epoch, self.cfg.epochs, e.mean_loss, precision, e.seconds)
             self.last.update(loss=e.mean_loss, precision=precision)
+            if self.cfg.save.progress_dir:  # a search reads it between epochs (its pruner)
+                values = {metrics.TRAIN_LOSS_EPOCH: e.mean_loss, metrics.TEST_PRECISION: precision}
+                progress.append(self.cfg.save.progress_dir, e.epoch, {**values, metrics.EPOCH_TIME: e.seconds})
             if self.cfg.check.divergence == Divergence.stop:
                 check_finite(e)
         if e.epoch < self.cfg.epochs and requeue.warned(self.comm):  # every rank, together
             raise TimeLimitReached(e.epoch, self.cfg.epochs)
+        if e.epoch < self.cfg.epochs and self.cfg.save.progress_dir:
+            asked = progress.stop_asked(self.cfg.save.progress_dir) if self.recorder is not None else None
+            why = asked if self.comm.Get_size() == 1 else self.comm.bcast(asked)  # rank 0's view, every rank
+            if why is not None:
+                raise StopRequested(e.epoch, self.cfg.epochs, why)
 
     def precision(self) -> float | None:
         x_test, y_test = self.test

@@ -2,8 +2,10 @@
 
 A queue is a folder: ``todo/<n>`` tickets (each naming a point's folder), ``claimed/<n>.<worker>``
 (a ticket renamed by the worker that took it: atomic, so no point is taken twice), ``owner`` (the
-sweeper filling it, "host pid") and ``sealed`` (every ticket written). A worker writes
-``result.json`` in the point's folder once the point's run has ended. Standard library only: the
+sweeper filling it, "host pid") and ``sealed`` (every ticket written). A grid's tickets are all
+written before its seal; a search's queue says ``streaming``: its tickets come one by one while
+its workers train (sweeper/search.py), until the seal. A worker writes ``result.json`` in the
+point's folder once the point's run has ended. Standard library only: the
 sweeper (sweeper/runners/warm.py) and the worker (trainer/worker.py) both speak it.
 """
 
@@ -13,6 +15,7 @@ import json
 import os
 import socket
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +23,7 @@ from trainer.ranks.processes import alive
 
 TODO, CLAIMED = "todo", "claimed"
 SEALED = "sealed"  # every ticket is written
+STREAMING = "streaming"  # tickets come while the workers train, until the seal
 OWNER = "owner"  # "host pid" of the sweeper that fills the queue
 SEAL_POLL_S = 0.01
 POINT_DATA = "point.json"  # beside point.yaml, the config a cold job runs (sweeper/point_files.py)
@@ -48,17 +52,42 @@ def claim(queue: Path, name: str, served: set[Path]) -> Path | None:
 
 
 def wait_sealed(queue: Path) -> bool:
-    """Block until the queue is sealed (True), or until its owner, a process on this host, is gone
-    (False: the sweeper died before it wrote the tickets)."""
+    """Block until the queue is sealed or streaming (True), or until its owner, a process on this
+    host, is gone (False: the sweeper died before it wrote the tickets)."""
+    return wait_for(queue, lambda: (queue / SEALED).exists() or (queue / STREAMING).exists())
+
+
+def wait_ticket(queue: Path, meanwhile: Callable[[], None] = lambda: None) -> bool:
+    """Block until the queue holds a ticket (True) or is sealed (True: the worker ends once it is
+    empty), or its owner is gone (False); ``meanwhile`` runs at every look (a worker's checks land)."""
+
+    def ready() -> bool:
+        meanwhile()
+        return (queue / SEALED).exists() or any((queue / TODO).iterdir())
+
+    return wait_for(queue, ready)
+
+
+def wait_for(queue: Path, ready: Callable[[], bool]) -> bool:
+    """Poll ``ready`` until it holds (True) or the queue's owner, a process on this host, is gone (False)."""
     try:
         host, pid = (queue / OWNER).read_text().split()
     except (OSError, ValueError):
         host, pid = "", "0"
-    while not (queue / SEALED).exists():
+    while not ready():
         if host == socket.gethostname() and not alive(int(pid)):
             return False
         time.sleep(SEAL_POLL_S)
     return True
+
+
+def sealed(queue: Path) -> bool:
+    return (queue / SEALED).exists()
+
+
+def streaming(queue: Path) -> bool:
+    """Whether the queue's tickets come while its workers train (a search's queue)."""
+    return (queue / STREAMING).exists()
 
 
 def write_result(point_dir: Path, status: int, worker: str, seconds: float) -> None:

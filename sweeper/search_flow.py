@@ -1,0 +1,114 @@
+"""A search within the sweep's flow (sweeper/sweep.py): its checks, its first trials, the watch
+fed a trial at a time, its end. The study's own rules live in sweeper/search.py."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from sweeper import display
+from sweeper.plan import plan
+from sweeper.point_files import prepare
+from sweeper.points import Point
+from trainer import metrics
+from trainer.errors import ConfigError
+
+if TYPE_CHECKING:
+    from sweeper.records import SweepRecord
+    from sweeper.runners.base import Runner
+    from sweeper.search import Search
+    from sweeper.watch import Flight
+
+NEEDS = (
+    "hydra/sweeper=search runs its trials on warm workers of this machine: use launcher=local "
+    "(launcher.warm=true, the default)"
+)
+
+
+def corners(search: Search, runner: Runner) -> list[Point]:
+    """The points the sweep's checks stand in for every trial (sweeper/search.py corners)."""
+    if not getattr(runner, "streams", False):
+        raise ConfigError(NEEDS)
+    return search.corners()
+
+
+def first(search: Search, runner: Any, planned: list[Point]) -> list[Point]:
+    """Open the study, then its first trials, as many as the machine runs at once (GPUs, or
+    cores on CPU: the units of the checked points' shapes)."""
+    width = runner.units(planned[0].shape)
+    again = search.open(width)
+    if search.left() == 0:
+        raise ConfigError(
+            f"study {search.name} in {search.storage} already holds its {search.opts.n_trials} trials; "
+            f"raise hydra.sweeper.n_trials to search on. {search.summary()}"
+        )
+    display.console.print(
+        f"study {search.name} in {search.storage}: {search.counted()} of {search.opts.n_trials} trials done"
+        + (f", {again} interrupted trial(s) asked again" if again else "")
+        + f"; {width} in flight"
+    )
+    runner.streaming = True
+    points: list[Point] = []
+    while not points and search.left() > 0:
+        points = _planned(search, runner, search.ask(width))
+    if not points:
+        raise ConfigError(f"no trial of study {search.name} could run (each said why above)")
+    return points
+
+
+def feed(
+    search: Search, record: SweepRecord, runner: Runner, sweep_id: str, done_before: dict[str, str]
+) -> Callable[[Flight], list[Point]]:
+    """The watch's ``more``: each ended trial told, new ones asked, planned and written. A trial
+    whose config a FINISHED run already has is told that run's value and not run again (it joins
+    ``done_before``, as a resumed grid point would)."""
+    for p in list(search.points):
+        if p.config_hash in done_before:
+            search.tell(p, record.client.get_run(done_before[p.config_hash]), None)
+
+    def run_of(point: Point) -> Any:
+        return record.children(sweep_id).get(point.name)
+
+    def ready(new: list[Point]) -> list[Point]:
+        kept = _planned(search, runner, new)
+        finished = record.finished_hashes() if kept else {}
+        out = []
+        for p in kept:
+            if p.config_hash in finished:
+                done_before[p.config_hash] = finished[p.config_hash]
+                display.console.print(f"trial {p.index}: the same config as run {finished[p.config_hash]}, its value")
+                search.tell(p, record.client.get_run(finished[p.config_hash]), None)
+                continue
+            prepare(p, record.uri, record.experiment, record.parent_id or "", sweep_id, runner.checkpoints)
+            out.append(p)
+        return out
+
+    return lambda flight: search.step(flight.finished, run_of, ready)
+
+
+def _planned(search: Search, runner: Runner, new: list[Point]) -> list[Point]:
+    """The new trials that plan (valid, a shape here); the others told failed, with their reason."""
+    out = []
+    for p in new:
+        try:
+            plan([p], runner)
+        except ConfigError as e:
+            search.fail(p, e)
+            continue
+        out.append(p)
+    return out
+
+
+def end(search: Search, record: SweepRecord, runner: Any, flight: Flight, done_before: dict[str, str]) -> list[Point]:
+    """The queues sealed (idle workers end), trials in flight at an interrupt asked again next
+    time, the parent's list of points and its best value; every point this sweep asked for."""
+    runner.end_stream()
+    if flight.interrupted:
+        search.interrupted()
+    record.replan(search.points, done_before)
+    record.client.set_tag(record.parent_id, metrics.TAG_SEARCH, search.describe())
+    best = search.best()
+    if best is not None:
+        record.log_parent({"search/best": best})
+    display.console.print(search.summary())
+    return search.points

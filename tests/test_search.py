@@ -1,0 +1,176 @@
+"""hydra/sweeper=search: an asynchronous Optuna search run through the real sweeper, workers and
+ranks (CPU), its study in a real SQLite storage; resumed, interrupted and pruned."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.test_sweeper import children_of, parents, runs, sweep
+from tests.test_trainer_runs import trainer
+from trainer import metrics
+from trainer.errors import ConfigError
+from trainer.lifecycle import progress
+
+pytestmark = pytest.mark.mpi
+
+SPACE = ["hydra/sweeper=search", "lr=tag(log,interval(0.01,1))", "nproc=1,2"]
+TINY = ["device=cpu", "data.n_train=400", "data.n_test=100", "launcher.cpus=2"]
+
+
+def study(folder: Path):
+    import optuna
+
+    storage = f"sqlite:///{folder / 'optuna.db'}"
+    (name,) = optuna.get_all_study_names(storage)
+    return optuna.load_study(study_name=name, storage=storage)
+
+
+def states(s) -> list[str]:
+    return [t.state.name for t in s.get_trials(deepcopy=False)]
+
+
+def test_space_from_hydra_grammar():
+    from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+
+    from sweeper.search_space import overrides, split
+
+    args = ["lr=tag(log,interval(0.001,1))", "nproc=1,2", "hidden=range(16,80,16)", "reg=interval(0,0.1)"]
+    space, fixed = split([*args, "epochs=2"])
+    assert space["lr"] == FloatDistribution(0.001, 1.0, log=True)
+    assert space["nproc"] == CategoricalDistribution([1, 2])
+    assert space["hidden"] == IntDistribution(16, 64, step=16)
+    assert space["reg"] == FloatDistribution(0.0, 0.1)
+    assert fixed == ["epochs=2"]
+    assert overrides({"lr": 0.01, "nproc": 2}) == ["lr=0.01", "nproc=2"]
+    with pytest.raises(ConfigError, match="at least one value to search"):
+        split(["lr=0.1"])
+    with pytest.raises(ConfigError, match="a log scale needs a low end above 0"):
+        split(["lr=tag(log,interval(0,1))"])
+
+
+def test_a_search_tells_its_trials_and_resumes(tmp_path, mlflow_uri):
+    args = [*SPACE, *TINY, "epochs=2"]
+    first = sweep([*args, "hydra.sweeper.n_trials=4"], tmp_path)
+    assert first.returncode == 0, first.stdout + first.stderr
+    s = study(tmp_path)
+    assert states(s) == ["COMPLETE"] * 4
+    (parent,) = parents(mlflow_uri)
+    kids = children_of(mlflow_uri, parent.info.run_id)
+    assert len(kids) == 4 and {r.info.status for r in kids.values()} == {"FINISHED"}
+    by_trial = {int(r.data.tags[metrics.TAG_TRIAL]): r for r in kids.values()}
+    for t in s.trials:  # each trial's run has its values; its nproc gave its shape (the worker's ranks)
+        run = by_trial[t.number]
+        assert float(run.data.params["lr"]) == pytest.approx(t.params["lr"])
+        assert int(run.data.params["nproc"]) == t.params["nproc"]
+        assert run.data.metrics[metrics.TEST_PRECISION] == pytest.approx(t.value)
+        assert run.data.tags[metrics.TAG_RANK_DEVICES].count("/cpu") == t.params["nproc"]
+    best = max(kids.values(), key=lambda r: r.data.metrics[metrics.TEST_PRECISION])
+    assert s.best_value == pytest.approx(best.data.metrics[metrics.TEST_PRECISION])
+    assert s.best_trial.user_attrs["run_id"] == best.info.run_id
+    assert json.loads(parent.data.tags[metrics.TAG_SEARCH])["study"] == s.study_name
+    assert parent.data.metrics["search/best"] == pytest.approx(s.best_value)
+    assert list(tmp_path.glob("multirun/*/*/report/search.png"))
+
+    again = sweep([*args, "hydra.sweeper.n_trials=6"], tmp_path)  # the same study goes on: two more trials
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "4 of 6 trials done" in again.stdout
+    assert states(study(tmp_path)) == ["COMPLETE"] * 6
+    newer = max(parents(mlflow_uri), key=lambda r: r.info.start_time)
+    assert {r.data.tags[metrics.TAG_TRIAL] for r in children_of(mlflow_uri, newer.info.run_id).values()} == {"4", "5"}
+    assert "RUNNING" not in {r.info.status for r in runs(mlflow_uri)} and len(runs(mlflow_uri)) == 6 + 2
+
+    full = sweep([*args, "hydra.sweeper.n_trials=6"], tmp_path)  # nothing left to ask: said, nothing started
+    assert full.returncode == 2 and "already holds its 6 trials; raise hydra.sweeper.n_trials" in full.stderr
+    assert len(runs(mlflow_uri)) == 8 and len(list(tmp_path.glob("multirun/*/*"))) == 2
+
+
+def test_an_interrupted_search_asks_its_trials_again(tmp_path, mlflow_uri):
+    # Long trials; Ctrl-C (SIGINT to the sweeper) once one trains (the other waits for its cores, or trains too).
+    args = [*SPACE, *TINY, "epochs=200", "hydra.sweeper.n_trials=2"]
+    cmd = [sys.executable, "-m", "sweeper", "-m", *args]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 120
+    while sum(r.info.status == "RUNNING" for r in runs(mlflow_uri)) < 2 and time.monotonic() < deadline:  # parent
+        time.sleep(0.3)
+    os.kill(proc.pid, signal.SIGINT)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130, out
+    assert "RUNNING" not in {r.info.status for r in runs(mlflow_uri)}, out
+    s = study(tmp_path)
+    asked = sorted((t.params["lr"], t.params["nproc"]) for t in s.trials if t.state.name == "FAIL")
+    assert len(asked) == 2 and s.user_attrs["interrupted"] == [0, 1]
+    assert states(s).count("WAITING") == 2  # queued to be asked again
+
+    resumed = sweep(args, tmp_path, timeout=300)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    s = study(tmp_path)
+    done = sorted((t.params["lr"], t.params["nproc"]) for t in s.trials if t.state.name == "COMPLETE")
+    assert done == asked and "2 of 2 trials" in resumed.stdout
+    status = [r.info.status for r in runs(mlflow_uri) if "mlflow.parentRunId" in r.data.tags]
+    assert status.count("FINISHED") == 2 and set(status) == {"FINISHED", "KILLED"}  # the interrupted: KILLED
+
+
+def test_pruned_trials_stop_between_epochs(tmp_path, mlflow_uri):
+    # No trial reaches 0.99 on 400 digits: the threshold pruner stops each after an epoch or a few.
+    prune = ["hydra.sweeper.pruner=threshold", "hydra.sweeper.prune_threshold=0.99", "hydra.sweeper.n_trials=3"]
+    # 2000 epochs of 20 batches: minutes if nothing stopped them, whatever the machine's speed.
+    result = sweep([*SPACE, *TINY, "epochs=2000", "batch_size=20", *prune], tmp_path, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert states(study(tmp_path)) == ["PRUNED"] * 3 and "3 of 3 trials (3 pruned)" in result.stdout
+    (parent,) = parents(mlflow_uri)
+    assert parent.info.status == "FINISHED"
+    from trainer.record import store
+
+    client = store.client(mlflow_uri)
+    kids = children_of(mlflow_uri, parent.info.run_id)
+    assert len(kids) == 3
+    for run in kids.values():
+        assert run.info.status == "KILLED"
+        assert "pruned by the search's threshold pruner" in run.data.tags[metrics.TAG_STOPPED]
+        epochs = len(client.get_metric_history(run.info.run_id, metrics.TEST_PRECISION))
+        assert 1 <= epochs < 2000  # stopped between epochs, every epoch it trained recorded
+    assert len({r.data.tags[metrics.TAG_WORKER] for r in kids.values()}) <= 2  # a pruned point ends no worker
+
+
+def test_a_run_stops_when_its_sweep_asks(idx_dir, mlflow_uri, tmp_path):
+    # The trainer's side alone, on two real ranks: a stop asked before the first epoch ends it after that epoch.
+    folder = tmp_path / "point"
+    folder.mkdir()
+    progress.ask_stop(folder, "pruned by a test")
+    args = ["nproc=2", "epochs=5", "batch_size=20", "device=cpu", f"data.dir={idx_dir}", f"save.progress_dir={folder}"]
+    result = trainer(args, tmp_path)
+    assert result.returncode == 0, result.stderr
+    (run,) = runs(mlflow_uri)
+    assert run.info.status == "KILLED"
+    assert run.data.tags[metrics.TAG_STOPPED].startswith("stopped after epoch 1 of 5 at the sweep's request")
+    lines = progress.read(folder)
+    assert [line["epoch"] for line in lines] == [1]
+    assert lines[0][metrics.TEST_PRECISION] == pytest.approx(run.data.metrics[metrics.TEST_PRECISION])
+
+
+@pytest.mark.parametrize(
+    ("extra", "said"),
+    [
+        (["hydra.sweeper.pruner=threshold"], "hydra.sweeper.pruner=threshold needs hydra.sweeper.prune_threshold"),
+        (["hydra.sweeper.pruner=median", "hydra.sweeper.objective=perf/tflops"], "use one of test/precision"),
+        (["hydra.sweeper.n_trials=0"], "hydra.sweeper.n_trials=0: a search needs at least 1 trial"),
+        (["launcher.warm=false"], "use launcher=local (launcher.warm=true, the default)"),
+        (["nproc=1,3"], "nproc=3 needs 3 CPU cores but this machine has 2"),
+        (["hydra.sweeper.n_trail=3"], "Key 'n_trail' not in 'SearchSweeperConfig'"),
+    ],
+    ids=["threshold", "objective", "trials", "cold", "nproc", "unknown-key"],
+)
+def test_a_search_refused_before_anything_starts(extra, said, tmp_path, mlflow_uri):
+    space = [a for a in SPACE if not (a.startswith("nproc=") and any(e.startswith("nproc=") for e in extra))]
+    result = sweep([*space, *TINY, "epochs=1", *extra], tmp_path, timeout=60)
+    assert result.returncode != 0 and said in result.stderr, result.stdout + result.stderr
+    assert not list(tmp_path.glob("multirun/*/*")), "no sweep folder left"
+    assert not (tmp_path / "optuna.db").exists() and runs(mlflow_uri) == []
