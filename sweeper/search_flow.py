@@ -25,17 +25,20 @@ NEEDS = (
 )
 
 
-def corners(search: Search, runner: Runner) -> list[Point]:
-    """The points the sweep's checks stand in for every trial (sweeper/search.py corners)."""
+def corners(search: Search, runner: Any) -> list[Point]:
+    """The points the sweep's checks stand in for every trial (sweeper/search.py corners); the
+    runner's prestart then opens a streaming queue for each of their shapes, a worker each."""
     if not getattr(runner, "streams", False):
         raise ConfigError(NEEDS)
+    runner.streaming = True
     return search.corners()
 
 
-def first(search: Search, runner: Any, planned: list[Point]) -> list[Point]:
-    """Open the study, then its first trials, as many as the machine runs at once (GPUs, or
-    cores on CPU: the units of the checked points' shapes)."""
-    width = runner.units(planned[0].shape)
+def open_study(search: Search, runner: Any, planned: list[Point]) -> None:
+    """Open the study, to keep as many trials in flight as the machine runs at once (GPUs, or
+    cores on CPU: the units of the checked points' shapes) and one more; a ConfigError where it
+    already holds its trials."""
+    width = runner.units(planned[0].shape) + 1  # one more waits: a worker that frees takes it at once
     again = search.open(width)
     if search.left() == 0:
         raise ConfigError(
@@ -47,10 +50,13 @@ def first(search: Search, runner: Any, planned: list[Point]) -> list[Point]:
         + (f", {again} interrupted trial(s) asked again" if again else "")
         + f"; {width} in flight"
     )
-    runner.streaming = True
+
+
+def first(search: Search, runner: Runner) -> list[Point]:
+    """The study's first trials of this sweep, planned."""
     points: list[Point] = []
     while not points and search.left() > 0:
-        points = _planned(search, runner, search.ask(width))
+        points = _planned(search, runner, search.ask(search.width))
     if not points:
         raise ConfigError(f"no trial of study {search.name} could run (each said why above)")
     return points

@@ -64,12 +64,16 @@ def run_sweep(
     if opts.dry_run:
         preview(points, runner.preview(groups), unchecked)
         return 0
-    if search is not None:
-        points = search_flow.first(search, runner, points)
+    if search is not None:  # a study that holds its trials already stops here, before any worker
+        with phase("study: open"):
+            search_flow.open_study(search, runner, points)
 
     with phase("workers' start"):
         os.environ[store.AHEAD] = uri  # the workers open it while they wait for their points
         runner.prestart(points)  # warm workers start up while MLflow is imported and the parent recorded
+    if search is not None:  # a worker per shape the space holds starts meanwhile
+        with phase("study: first trials"):
+            points = search_flow.first(search, runner)
     record = None
     try:
         with phase("store: parent run, resume"):

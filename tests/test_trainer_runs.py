@@ -368,3 +368,10 @@ def test_a_two_rank_run_records_twice_its_wall_time_as_core_seconds(mlflow_uri, 
     held_s = m[metrics.device_seconds("cpu")] / 2
     assert epochs_s <= held_s <= span_s, (epochs_s, held_s, span_s)
     assert metrics.device_seconds("gpu") not in m  # no GPU was held
+
+
+def test_the_trainer_refuses_a_multirun(tmp_path, mlflow_uri):
+    # Under Hydra's multirun each of its ranks (mpiexec re-runs the command) would sweep on its own.
+    result = trainer(["-m", "lr=0.1,0.2", "nproc=2", "device=cpu"], tmp_path)
+    assert result.returncode == 2 and "runs one config; sweep with python -m sweeper -m" in result.stderr
+    assert not (tmp_path / "mlflow.db").exists() and not (tmp_path / "multirun").exists()

@@ -28,6 +28,8 @@ if __name__ == "__main__":
     try:
         check_old_keys(sys.argv[1:])  # moved keys (tf32=true, step=fused, ...) fail before anything starts
         note_repeated(sys.argv[1:])
+        if any(a in ("-m", "--multirun") for a in sys.argv[1:]):  # its ranks would each run the whole sweep
+            raise ConfigError("python -m trainer runs one config; sweep with python -m sweeper -m (the same overrides)")
     except ConfigError as e:
         print(f"Error: {e}", file=sys.stderr)
         sys.exit(2)

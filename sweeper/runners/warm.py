@@ -86,8 +86,10 @@ class Queue:
 
     def unclaimed(self) -> int:
         """Points no worker has taken yet (before a grid's seal: every point it may get)."""
+        if self.streaming and not self.sealed:  # its tickets so far; before any, the first worker's due
+            return len(self.ticketed) - len(self.claims()) if self.ticketed else 1
         if not self.sealed:
-            return len(self.points) - (len(self.claims()) if self.streaming else 0)
+            return len(self.points)
         return sum(1 for _ in (self.dir / protocol.TODO).iterdir())
 
     def claims(self) -> dict[int, str]:
@@ -200,7 +202,8 @@ class WarmPool:
 
     def put(self, points: list[Point], tickets: bool = True) -> None:
         """A search's points (sweeper/search.py), each in its kind's streaming queue (opened for a
-        kind not seen before), with its ticket unless ``tickets`` is False (workers start early)."""
+        kind not seen before), with its ticket; without ``tickets``, points that stand for their
+        kinds: the queues open and their workers start before any trial is asked."""
         for p in points:
             q = next((q for q in self.queues if q.streaming and queue_key(q.points[0]) == queue_key(p)), None)
             if q is None:
