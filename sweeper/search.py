@@ -223,14 +223,32 @@ class Search:
         except ValueError:  # no trial completed
             return None
 
-    def describe(self) -> str:
-        """The parent run's tag (JSON): the study, where it lives, towards what, and what was searched."""
+    def importances(self) -> dict[str, float]:
+        """Each searched key's share of the objective's variance (Optuna's fANOVA, seeded), where
+        the study has two completed trials and more than one key; else empty."""
+        import optuna
+        from optuna.trial import TrialState
+
+        complete = self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+        if len(self.space) < 2 or len(complete) < 2:
+            return {}
+        try:
+            evaluator = optuna.importance.FanovaImportanceEvaluator(seed=0)
+            found = optuna.importance.get_param_importances(self.study, evaluator=evaluator)
+        except (RuntimeError, ValueError):  # e.g. every trial with one value: nothing to apportion
+            return {}
+        return {k: float(v) for k, v in found.items()}
+
+    def describe(self, importance: dict[str, float]) -> str:
+        """The parent run's tag (JSON): the study, where it lives, towards what, what was searched
+        and how much each searched key mattered."""
         doc = {
             "study": self.name,
             "storage": self.storage,
             "objective": self.opts.objective,
             "direction": self.opts.direction,
             "searched": list(self.space),
+            "importance": importance,
         }
         return json.dumps(doc)
 

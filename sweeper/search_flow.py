@@ -112,9 +112,10 @@ def end(search: Search, record: SweepRecord, runner: Any, flight: Flight, done_b
     if flight.interrupted:
         search.interrupted()
     record.replan(search.points, done_before)
-    record.client.set_tag(record.parent_id, metrics.TAG_SEARCH, search.describe())
+    importance = search.importances()
+    record.client.set_tag(record.parent_id, metrics.TAG_SEARCH, search.describe(importance))
     best = search.best()
-    if best is not None:
-        record.log_parent({"search/best": best})
+    values = {f"search/importance/{k}": v for k, v in importance.items()}
+    record.log_parent(values | ({} if best is None else {"search/best": best}))
     display.console.print(search.summary())
     return search.points

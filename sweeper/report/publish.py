@@ -101,9 +101,7 @@ def build(study: Study, folder: Path, target: float | None = None) -> Report:
     for sweep in study.sweeps:  # a search's: its objective by trial, the best so far, against each value
         if sweep.search:
             s = sweep.search
-            drawn["Search: objective by trial"] = draw(
-                search_progress.figure, points, s["objective"], s["direction"], s["searched"], folder / "search.png"
-            )
+            drawn["Search: objective by trial"] = draw(search_progress.figure, points, s, folder / "search.png")
             break
     drawn["Roofline"] = draw(roofline_figure, finished, folder / "roofline.png")
     regimes: dict[str, list] = {}
