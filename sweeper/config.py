@@ -122,8 +122,8 @@ class SearchSweeperConfig:
 
     _target_: str = "hydra_plugins.sweepscale_launcher.search.SearchSweeper"
     n_trials: int = 20  # the study's trials in all: a study resumed runs what is left
-    objective: str = "test/precision"  # a metric every trial's run records (its last value)
-    direction: Direction = Direction.maximize
+    objective: str = "test/precision"  # a metric every trial's run records (its last value), or time_to_target
+    direction: Direction | None = None  # null: maximize test/precision, minimize anything else
     study_name: str | None = None  # null: named by the space, the fixed overrides and the objective
     storage: str | None = None  # null: sqlite optuna.db beside a SQLite MLflow store
     seed: int | None = 0  # the TPE sampler's seed

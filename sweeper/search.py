@@ -15,13 +15,14 @@ left unfinished are asked again with their values.
 from __future__ import annotations
 
 import json
+import math
 import warnings
 from collections.abc import Callable
 from typing import Any
 
 from sweeper import display
 from sweeper.points import Point
-from sweeper.search_options import SearchOptions, check, pruner, storage_for, study_name
+from sweeper.search_options import TIME_TO_TARGET, SearchOptions, check, pruner, storage_for, study_name
 from sweeper.search_space import overrides, split
 from trainer import metrics
 from trainer.errors import ConfigError
@@ -190,7 +191,7 @@ class Search:
         trial = self.trials.pop(point.index, None)
         if trial is None:
             return
-        value = None if run is None or error is not None else run.data.metrics.get(self.opts.objective)
+        value = None if run is None or error is not None else self.value(point, run)
         if run is not None:
             trial.set_user_attr("run_id", run.info.run_id)
         if error is None and run is not None and metrics.TAG_STOPPED in run.data.tags:  # it stopped when asked
@@ -202,6 +203,20 @@ class Search:
             display.console.print(f"trial {trial.number} ({point.name}) failed: {str(why).splitlines()[0][:200]}")
             return
         self.study.tell(trial, value)
+
+    def value(self, point: Point, run: Any) -> float | None:
+        """The trial's objective: its run's metric, or its training seconds to report.target (from
+        the epochs it wrote; infinity where it never reached the target: the study ranks it last)."""
+        if self.opts.objective != TIME_TO_TARGET:
+            return run.data.metrics.get(self.opts.objective)
+        from sweeper.report.analysis import seconds_to_target
+
+        lines = progress.read(point.dir)
+        precision = [
+            (x["epoch"], x[metrics.TEST_PRECISION]) for x in lines if x.get(metrics.TEST_PRECISION) is not None
+        ]
+        seconds = seconds_to_target(precision, [(x["epoch"], x[metrics.EPOCH_TIME]) for x in lines], self.opts.target)
+        return math.inf if seconds is None else seconds
 
     def fail(self, point: Point, error: BaseException) -> None:
         """A trial that cannot run here (its config refused): failed, with its reason, and no point."""
@@ -249,6 +264,7 @@ class Search:
             "direction": self.opts.direction,
             "searched": list(self.space),
             "importance": importance,
+            "target": self.opts.target,
         }
         return json.dumps(doc)
 

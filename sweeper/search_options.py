@@ -19,12 +19,22 @@ class SearchOptions:
 
     n_trials: int
     objective: str
-    direction: str
+    direction: str | None  # None: maximize a precision, minimize anything else (a loss, a time)
     study_name: str | None
     storage: str | None
     seed: int | None
     pruner: str = "none"
     prune_threshold: float | None = None
+    target: float | None = None  # report.target: the test precision of objective=time_to_target
+
+    def __post_init__(self) -> None:
+        if self.direction in (None, "None"):
+            self.direction = "maximize" if self.objective == metrics.TEST_PRECISION else "minimize"
+
+
+# An objective no run records: the training seconds to report.target, from the trial's epochs
+# (sweeper/report/analysis.py seconds_to_target); a trial that never reaches it is told infinity.
+TIME_TO_TARGET = "time_to_target"
 
 
 def progress_keys() -> tuple[str, ...]:
@@ -40,6 +50,10 @@ def check(opts: SearchOptions) -> None:
         raise ConfigError(
             f"hydra.sweeper.pruner={opts.pruner} judges a trial by its objective each epoch, and "
             f"{opts.objective} is not recorded each epoch: use one of {', '.join(progress_keys())}"
+        )
+    if opts.objective == TIME_TO_TARGET and opts.target is None:
+        raise ConfigError(
+            "hydra.sweeper.objective=time_to_target needs the test precision to reach: set report.target, e.g. 0.9"
         )
     if opts.pruner == "threshold" and opts.prune_threshold is None:
         raise ConfigError("hydra.sweeper.pruner=threshold needs hydra.sweeper.prune_threshold, e.g. 0.5")

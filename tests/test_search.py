@@ -95,6 +95,28 @@ def test_a_search_tells_its_trials_and_resumes(tmp_path, mlflow_uri):
     assert len(runs(mlflow_uri)) == 8 and len(list(tmp_path.glob("multirun/*/*"))) == 2
 
 
+def test_time_to_target_as_the_objective(tmp_path, mlflow_uri):
+    # Minimized by default; each trial told its training seconds to the target, by hand from its run.
+    args = [*SPACE, *TINY, "epochs=5", "hydra.sweeper.n_trials=3", "hydra.sweeper.objective=time_to_target"]
+    result = sweep([*args, "report.target=0.5"], tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    s = study(tmp_path)
+    assert s.direction.name == "MINIMIZE" and states(s) == ["COMPLETE"] * 3
+    from trainer.record import store
+
+    client = store.client(mlflow_uri)
+    (parent,) = parents(mlflow_uri)
+    for run in children_of(mlflow_uri, parent.info.run_id).values():
+        history = {
+            k: client.get_metric_history(run.info.run_id, k) for k in (metrics.TEST_PRECISION, metrics.EPOCH_TIME)
+        }
+        seconds = {m.step: m.value for m in history[metrics.EPOCH_TIME]}
+        reached = sorted(m.step for m in history[metrics.TEST_PRECISION] if m.value >= 0.5)
+        expected = sum(v for e, v in seconds.items() if e <= reached[0]) if reached else float("inf")
+        assert s.trials[int(run.data.tags[metrics.TAG_TRIAL])].value == pytest.approx(expected)
+    assert list(tmp_path.glob("multirun/*/*/report/search.png"))
+
+
 def test_an_interrupted_search_asks_its_trials_again(tmp_path, mlflow_uri):
     # Long trials; Ctrl-C (SIGINT to the sweeper) once one trains (the other waits for its cores, or trains too).
     args = [*SPACE, *TINY, "epochs=200", "hydra.sweeper.n_trials=2"]
@@ -165,11 +187,12 @@ def test_a_run_stops_when_its_sweep_asks(idx_dir, mlflow_uri, tmp_path):
         (["hydra.sweeper.pruner=threshold"], "hydra.sweeper.pruner=threshold needs hydra.sweeper.prune_threshold"),
         (["hydra.sweeper.pruner=median", "hydra.sweeper.objective=perf/tflops"], "use one of test/precision"),
         (["hydra.sweeper.n_trials=0"], "hydra.sweeper.n_trials=0: a search needs at least 1 trial"),
+        (["hydra.sweeper.objective=time_to_target"], "needs the test precision to reach: set report.target"),
         (["launcher.warm=false"], "use launcher=local (launcher.warm=true, the default)"),
         (["nproc=1,3"], "nproc=3 needs 3 CPU cores but this machine has 2"),
         (["hydra.sweeper.n_trail=3"], "Key 'n_trail' not in 'SearchSweeperConfig'"),
     ],
-    ids=["threshold", "objective", "trials", "cold", "nproc", "unknown-key"],
+    ids=["threshold", "objective", "trials", "target", "cold", "nproc", "unknown-key"],
 )
 def test_a_search_refused_before_anything_starts(extra, said, tmp_path, mlflow_uri):
     space = [a for a in SPACE if not (a.startswith("nproc=") and any(e.startswith("nproc=") for e in extra))]

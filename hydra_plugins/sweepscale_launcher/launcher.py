@@ -68,6 +68,7 @@ class SweepscaleLauncher(Launcher):
                 return point
 
             uri = absolute_uri(store.tracking_uri(self.config.mlflow.tracking_uri))
+            options.target = self.config.report.target  # objective=time_to_target's test precision
             search = Search(arguments, options, uri, make_point)
             status = run_sweep(self.config, [], sweep_dir, list(self.config.hydra.overrides.task), search=search)
         if status:

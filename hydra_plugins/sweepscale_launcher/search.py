@@ -20,7 +20,7 @@ class SearchSweeper(Sweeper):
         self,
         n_trials: int,
         objective: str,
-        direction: Any,
+        direction: Any = None,
         study_name: str | None = None,
         storage: str | None = None,
         seed: int | None = None,

@@ -4,7 +4,8 @@
 - batch-size studies' regimes of data parallelism (the course's 004, after Shallue et
   al.): doubling the batch halves the steps to a target (perfect scaling), saves less
   (diminishing returns), or saves nothing (maximal data parallelism);
-- divergence: a loss that turns NaN or rises past its start.
+- divergence: a loss that turns NaN or rises past its start;
+- time to a target precision, from a run's epochs.
 """
 
 from __future__ import annotations
@@ -18,6 +19,18 @@ from typing import Any
 AXIS_ORDER = ("lr", "hidden", "batch_size", "epochs", "nproc", "reg", "dtype", "seed")
 # Slopes of log(steps to target) against log(batch size) that bound the regimes.
 PERFECT_SLOPE, MAXIMAL_SLOPE = -0.75, -0.15
+
+
+def seconds_to_target(
+    precision: Sequence[tuple[int, float]], epoch_s: Sequence[tuple[int, float]], target: float
+) -> float | None:
+    """Training seconds to a test precision: the epochs' times up to the first epoch whose
+    precision reached ``target`` (``(epoch, value)`` pairs each); None if none did."""
+    seconds = dict(epoch_s)
+    for epoch, value in sorted(precision):
+        if value >= target:
+            return sum(s for e, s in seconds.items() if e <= epoch)
+    return None
 
 
 def axes(configs: Sequence[dict[str, Any]], order: Sequence[str] = ()) -> list[str]:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sweeper.report.analysis import seconds_to_target
 from sweeper.report.families import families
 from sweeper.report.plotting import fmt, grid, log_ticks, palette, save
 from sweeper.report.study import Point
@@ -42,13 +43,8 @@ def default_target(points: Sequence[Point]) -> float | None:
 
 
 def seconds_to(p: Point, target: float) -> float | None:
-    """The sum of the point's epoch times up to the first epoch whose test precision reached
-    ``target``; None if none did."""
-    epoch_s = dict(p.epoch_s)
-    for epoch, value in sorted(p.precision):
-        if value >= target:
-            return sum(s for e, s in epoch_s.items() if e <= epoch)
-    return None
+    """The point's training seconds to ``target`` (analysis.seconds_to_target); None if never reached."""
+    return seconds_to_target(p.precision, p.epoch_s, target)
 
 
 def groups(points: Sequence[Point], order: Sequence[str] = ()) -> list[tuple[str, list[Point]]]:
