@@ -4,7 +4,7 @@
 # reference cache, through the local launcher and through Slurm (scripts/slurm_gpu_node.sh), and
 # the code before this change beside it (.device/before, for the paired figures). Prints a table;
 # logs and each sweep's timeline.json in $OUT/results.tgz. docs/benchmarks.md has the call and the figures.
-#   bash benchmarks/headline_gpu.sh [STAGE ...]   stages: warmup probe after newcache before again nocheck slurm shard pytest step (default: after slurm)
+#   bash benchmarks/headline_gpu.sh [STAGE ...]   stages: warmup probe after newcache before again nocheck slurm shard pytest step search (default: after slurm)
 # Expects .whl/ (bash ../shared/device/fetch_wheels.sh), .device/mnist/ (full MNIST),
 # .device/debs/ (bash scripts/slurm_gpu_node.sh --fetch .device/debs), .device/before/ (git archive).
 set -uo pipefail
@@ -31,6 +31,7 @@ run() {  # run NAME CODE_DIR ARGS...: one sweep in a fresh folder, store and ref
   local newest; newest=$(ls -td "$d"/multirun/*/* | head -1)
   cp "$newest/timeline.json" "$RES/$name.timeline.json" 2>/dev/null
   cat "$newest"/.submitit/*/*_log.err >"$RES/$name.workers.err" 2>/dev/null
+  cp "$newest/report/search.png" "$RES/$name.search.png" 2>/dev/null
   if [ "$code" = "$ROOT" ]; then
     PYTHONPATH="$ROOT:/tmp/site" python3 benchmarks/sweep_timeline.py "$newest" "sqlite:///$d/mlflow.db" \
       >"$RES/$name.timeline.txt" 2>&1
@@ -94,6 +95,13 @@ xh, yh = inputs(3200); x, y = cp.asarray(xh), cp.asarray(yh)
 ms = {H: time_ms(our_step("fused", H, x, y, gemm="bf16x3", x_levels=PIXEL_LEVELS)) for H in (512, 1024, 2048)}
 print(sys.argv[1], " ".join(f"H={H} {t:.4f} ms" for H, t in ms.items()))' "round $round $([ "$code" = "$ROOT" ] && echo after || echo before)")
         done; done 2>&1 | tee -a "$RES/step.txt" ;;
+      search)  # hydra/sweeper=search on the GPU: a trial asked each time the worker frees (sweeper/search.py)
+        run search_precision "$ROOT" hydra/sweeper=search "hidden=choice(512,1024,2048)" \
+          "lr=tag(log,interval(0.02,0.5))" epochs=3 "data.dir=$DATA" hydra.sweeper.n_trials=12
+        run search_time_to_target "$ROOT" hydra/sweeper=search "hidden=choice(512,1024,2048)" \
+          "lr=tag(log,interval(0.02,0.5))" epochs=20 "data.dir=$DATA" hydra.sweeper.n_trials=12 \
+          hydra.sweeper.objective=time_to_target report.target=0.95
+        grep -h "^study" "$RES"/search_*.log | tee -a "$RES/times.txt" ;;
       pytest)
         PYTHONPATH="$ROOT:/tmp/site" python3 -m pytest -m gpu -q -p no:cacheprovider tests 2>&1 | tail -40 \
           | tee "$RES/pytest_gpu.txt" ;;
