@@ -27,6 +27,7 @@ from sweeper.search_space import overrides, split
 from trainer import metrics
 from trainer.errors import ConfigError
 from trainer.lifecycle import progress
+from trainer.lifecycle.queue_files import TRAINED
 from trainer.ranks.processes import alive, owner
 
 INTERRUPTED = "interrupted"  # the study's user attribute: trials whose sweep ended first (asked again on resume)
@@ -164,6 +165,9 @@ class Search:
         for point in [p for p in self.points if p.index in self.trials]:
             if point.index in finished:
                 self.tell(point, run_of(point), finished[point.index])
+            elif (point.dir / TRAINED).exists():  # trained, its CPU check still computing: told once its run ended
+                if (run := run_of(point)) is not None and run.info.status != "RUNNING":
+                    self.tell(point, run, None)
             elif self.opts.pruner != "none":
                 self._judge(point)
         new: list[Point] = []

@@ -200,3 +200,19 @@ def test_a_search_refused_before_anything_starts(extra, said, tmp_path, mlflow_u
     assert result.returncode != 0 and said in result.stderr, result.stdout + result.stderr
     assert not list(tmp_path.glob("multirun/*/*")), "no sweep folder left"
     assert not (tmp_path / "optuna.db").exists() and runs(mlflow_uri) == []
+
+
+def test_a_searched_value_is_coloured_not_panelled():
+    # A search's lr has a value per trial: a row of loss panels each would be 12 rows (seconds to draw).
+    from sweeper.report.convergence import _colour_and_panel
+    from sweeper.report.study import Point
+
+    def point(i: int, hidden: int) -> Point:
+        return Point(f"t{i}", f"r{i}", "s", "FINISHED", {"hidden": hidden, "lr": 0.01 * (i + 1)}, {}, {})
+
+    points = [point(i, (16, 32, 64)[i % 3]) for i in range(12)]
+    assert _colour_and_panel(points, ["hidden", "lr"]) == ("lr", "hidden")  # swapped: lr a colour bar
+    assert _colour_and_panel(points, ["lr", "hidden"]) == ("lr", "hidden")
+    assert _colour_and_panel(points[:4], ["hidden", "lr"]) == ("hidden", "lr")  # few values: panels as before
+    both = [Point(f"t{i}", f"r{i}", "s", "FINISHED", {"hidden": 16 + i, "lr": 0.01 * i}, {}, {}) for i in range(12)]
+    assert _colour_and_panel(both, ["hidden", "lr"]) == ("hidden", None)

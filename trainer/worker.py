@@ -49,6 +49,7 @@ from trainer.lifecycle.queue_files import (
     wait_sealed,
     wait_ticket,
     write_result,
+    write_trained,
 )
 from trainer.ranks import lease as leases
 from trainer.ranks import parallel, sigterm
@@ -236,6 +237,7 @@ def _next_point(
     if not status:
         outcome = train_and_defer(cfg, world, ds, origin=claimed_at)
         if isinstance(outcome, PendingCheck):  # rank 0: result.json once the run has ended
+            write_trained(point_dir)  # its training and metrics are in: a search asks for the next trial
             waiting.append((point_dir, claimed_at, outcome))
             if not outcome.beside:  # trained on the CPU: the next point must not share its cores
                 return _settle(waiting, worker, block=True)

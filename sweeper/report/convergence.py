@@ -32,6 +32,19 @@ def _keys(axis: list[str]) -> tuple[str | None, str | None]:
     return (axis[0] if axis else None), (axis[1] if len(axis) > 1 else None)
 
 
+MAX_PANELS = 4  # a row of panels per value up to this many; a search's continuous values take colours
+
+
+def _colour_and_panel(points: list[Point], axis: list[str]) -> tuple[str | None, str | None]:
+    """:func:`_keys`, but an axis of many values (a search's lr) is coloured (a colour bar), not
+    given a row of panels each; where both have many, no panels."""
+    colour_key, panel_key = _keys(axis)
+    many = {k: len({fmt(p.get(k)) for p in points}) > MAX_PANELS for k in (colour_key, panel_key) if k}
+    if panel_key and many[panel_key]:
+        return (panel_key, colour_key) if colour_key and not many[colour_key] else (colour_key, None)
+    return colour_key, panel_key
+
+
 def _style_key(axis: list[str]) -> str | None:
     """Line style by a third axis (e.g. nproc, whose curves lie on each other)."""
     axis = convergence_axes(axis)
@@ -74,7 +87,7 @@ def _samples_seen(p: Point) -> list[tuple[float, float]]:
 
 def loss_curves(points: list[Point], axis: list[str], out: Path) -> Path:
     """Loss against step, samples seen and wall time; one line per point, every point."""
-    colour_key, panel_key = _keys(axis)
+    colour_key, panel_key = _colour_and_panel(points, axis)
     style_key = _style_key(axis)
     styles = {fmt(v): STYLES[i % len(STYLES)] for i, v in enumerate(dict.fromkeys(p.get(style_key) for p in points))}
     panels = list(dict.fromkeys(fmt(p.get(panel_key)) for p in points)) if panel_key else [""]

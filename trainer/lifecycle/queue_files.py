@@ -5,7 +5,8 @@ A queue is a folder: ``todo/<n>`` tickets (each naming a point's folder), ``clai
 sweeper filling it, "host pid") and ``sealed`` (every ticket written). A grid's tickets are all
 written before its seal; a search's queue says ``streaming``: its tickets come one by one while
 its workers train (sweeper/search.py), until the seal. A worker writes ``result.json`` in the
-point's folder once the point's run has ended. Standard library only: the
+point's folder once the point's run has ended and its check landed (``trained`` before, once
+its training ended). Standard library only: the
 sweeper (sweeper/runners/warm.py) and the worker (trainer/worker.py) both speak it.
 """
 
@@ -28,6 +29,7 @@ OWNER = "owner"  # "host pid" of the sweeper that fills the queue
 SEAL_POLL_S = 0.01
 POINT_DATA = "point.json"  # beside point.yaml, the config a cold job runs (sweeper/point_files.py)
 RESULT = "result.json"
+TRAINED = "trained"  # the point's run ended with its training; its CPU check may still compute (a search tells it)
 DATA_HINT = "SWEEPSCALE_DATA"  # the queue's data set (data_key as JSON): loaded while the sweeper records
 
 
@@ -95,6 +97,11 @@ def write_result(point_dir: Path, status: int, worker: str, seconds: float) -> N
     tmp = point_dir / f".{RESULT}.tmp"
     tmp.write_text(json.dumps({"status": status, "worker": worker, "seconds": seconds}))
     os.replace(tmp, point_dir / RESULT)
+
+
+def write_trained(point_dir: Path) -> None:
+    """The point's run has ended its training (its metrics are in the store): a search needs no more."""
+    (point_dir / TRAINED).touch()
 
 
 def data_key(cfg: Any) -> tuple:
