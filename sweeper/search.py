@@ -80,15 +80,22 @@ class Search:
         """Open (or resume) the study, ``width`` trials to keep in flight; returns how many trials
         an interrupted sweep left, asked again first."""
         import optuna
+        from sqlalchemy.exc import SQLAlchemyError
 
         self.width = max(1, width)
-        self.study = optuna.create_study(
-            study_name=self.name,
-            storage=self.storage,
-            pruner=pruner(self.opts, self.width),
-            direction=self.opts.direction,
-            load_if_exists=True,
-        )
+        try:
+            self.study = optuna.create_study(
+                study_name=self.name,
+                storage=self.storage,
+                pruner=pruner(self.opts, self.width),
+                direction=self.opts.direction,
+                load_if_exists=True,
+            )
+        except (ImportError, OSError, ValueError, SQLAlchemyError, optuna.exceptions.OptunaError) as e:
+            raise ConfigError(
+                f"hydra.sweeper.storage={self.storage}: Optuna could not open it ({type(e).__name__}: "
+                f"{str(e).splitlines()[0][:200]}); e.g. sqlite:///optuna.db or postgresql+psycopg2://user@host/db"
+            ) from None
         # Seeded by the trials so far: a resumed study must not draw its first trials' values again.
         seed = None if self.opts.seed is None else self.opts.seed + len(self.study.trials)
         with warnings.catch_warnings():  # constant_liar is "experimental" since Optuna 2.8: said once is enough

@@ -94,3 +94,29 @@ def test_32_points_writing_at_once_lose_nothing(tmp_path, monkeypatch):
     assert len(rows) == 32
     assert all(row == ["FINISHED", str(epochs * steps + epochs)] for row in rows), rows
     assert not list(tmp_path.rglob("journal.jsonl"))
+
+
+def test_a_search_keeps_its_study_in_postgresql(tmp_path):
+    # The study in the same PostgreSQL as the runs, in a schema of its own (both keep an alembic_version).
+    experiment, schema = f"pg-{uuid.uuid4().hex[:8]}", f"optuna_{uuid.uuid4().hex[:8]}"
+    in_postgres(f"create schema {schema}")
+    storage = DATABASE.replace("postgresql://", "postgresql+psycopg2://") + f"?options=-csearch_path%3D{schema}"
+    args = ["hydra/sweeper=search", "lr=tag(log,interval(0.01,1))", "hydra.sweeper.n_trials=3", *FAST]
+    tracking = [
+        f"mlflow.tracking_uri={SERVER}",
+        f"mlflow.experiment={experiment}",
+        f"hydra.sweeper.storage='{storage}'",
+    ]
+    try:
+        result = sweep([*args, *tracking], tmp_path)
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert in_postgres(f"select state from {schema}.trials order by number") == [["COMPLETE"]] * 3
+        runs = in_postgres(
+            "select r.status, count(*) from runs r join experiments e on r.experiment_id = e.experiment_id "
+            f"where e.name = '{experiment}' group by r.status"
+        )
+        assert runs == [["FINISHED", "4"]]  # three trials and their parent
+        best = in_postgres(f"select max(value) from {schema}.trial_values")[0][0]
+        assert f"best test/precision={float(best):.4g}" in result.stdout
+    finally:
+        in_postgres(f"drop schema {schema} cascade")
