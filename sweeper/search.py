@@ -59,23 +59,6 @@ class Search:
         self.points: list[Point] = []  # every point this sweep asked for, in order
         self.width = 1  # trials kept in flight (open)
 
-    def corners(self) -> list[Point]:
-        """A point per end of the space (each choice, each interval's ends; the other values at
-        their first), checked by the sweep's plan before anything starts and never run."""
-        from optuna.distributions import CategoricalDistribution
-
-        ends = {
-            k: list(d.choices) if isinstance(d, CategoricalDistribution) else [d.low, d.high]
-            for k, d in self.space.items()
-        }
-        first = {k: v[0] for k, v in ends.items()}
-        out = []
-        for key, values in ends.items():
-            for value in values:
-                params = overrides({**first, key: value})
-                out.append(self.make_point(-1 - len(out), [*self.fixed, *params], ",".join(params)))
-        return out
-
     def open(self, width: int) -> int:
         """Open (or resume) the study, ``width`` trials to keep in flight; returns how many trials
         an interrupted sweep left, asked again first."""

@@ -10,6 +10,7 @@ from sweeper import display
 from sweeper.plan import plan
 from sweeper.point_files import prepare
 from sweeper.points import Point
+from sweeper.search_space import overrides
 from trainer import metrics
 from trainer.errors import ConfigError
 
@@ -26,12 +27,25 @@ NEEDS = (
 
 
 def corners(search: Search, runner: Any) -> list[Point]:
-    """The points the sweep's checks stand in for every trial (sweeper/search.py corners); the
-    runner's prestart then opens a streaming queue for each of their shapes, a worker each."""
+    """A point per end of the space (each choice, each interval's ends; the other values at their
+    first): the sweep's checks stand them in for every trial, none runs; the runner's prestart
+    then opens a streaming queue for each of their shapes, a worker each."""
+    from optuna.distributions import CategoricalDistribution
+
     if not getattr(runner, "streams", False):
         raise ConfigError(NEEDS)
     runner.streaming = True
-    return search.corners()
+    ends = {
+        k: list(d.choices) if isinstance(d, CategoricalDistribution) else [d.low, d.high]
+        for k, d in search.space.items()
+    }
+    first = {k: v[0] for k, v in ends.items()}
+    out: list[Point] = []
+    for key, values in ends.items():
+        for value in values:
+            params = overrides({**first, key: value})
+            out.append(search.make_point(-1 - len(out), [*search.fixed, *params], ",".join(params)))
+    return out
 
 
 def open_study(search: Search, runner: Any, planned: list[Point]) -> None:

@@ -206,6 +206,39 @@ def test_worker_claims_are_atomic_between_workers(tmp_path):
     assert claim(queue, "d", set()) is None
 
 
+def test_tickets_written_while_workers_claim_are_whole(tmp_path, monkeypatch):
+    """A search's queue is claimed from while its tickets are written: a worker polling it must
+    never take a ticket before its point's folder is in it (an empty ticket sent a worker to '.').
+    Each file here is written slowly (created, then 5 ms, then its text), as on a loaded machine."""
+    from trainer.lifecycle.queue_files import CLAIMED, SEALED, TODO, claim, write_ticket
+
+    queue = tmp_path / "q"
+    (queue / TODO).mkdir(parents=True)
+    (queue / CLAIMED).mkdir()
+    script = (
+        "import sys; from pathlib import Path; from trainer.lifecycle.queue_files import claim\n"
+        "q, served = Path(sys.argv[1]), set()\n"
+        "while not ((q / 'sealed').exists() and not any((q / 'todo').iterdir())):\n"
+        "    if (d := claim(q, 'a', served)) is not None: print(repr(str(d)))\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", script, str(queue)], stdout=subprocess.PIPE, text=True)
+    time.sleep(0.5)  # the claimer polls
+
+    def slow_write_text(path: Path, text: str, *args, **kwargs) -> int:
+        with open(path, "w") as f:
+            f.flush()  # there, and empty
+            time.sleep(0.005)
+            return f.write(text)
+
+    monkeypatch.setattr(Path, "write_text", slow_write_text)
+    for i in range(100):
+        write_ticket(queue, i, tmp_path / f"p{i}")
+    (queue / SEALED).touch()
+    taken = proc.communicate(timeout=60)[0].split()
+    assert sorted(taken) == sorted(repr(str(tmp_path / f"p{i}")) for i in range(100))
+    assert claim(queue, "b", set()) is None
+
+
 def test_an_early_worker_waits_for_the_seal_or_for_its_sweeper(tmp_path):
     """Workers start before the sweeper writes the tickets: one waits for the seal and, the queue
     empty, ends; one whose sweeper died first ends too (never waits forever)."""

@@ -37,20 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer.gpu import policy
-from trainer.lifecycle import requeue
-from trainer.lifecycle.queue_files import (
-    DATA_HINT,
-    POINT_DATA,
-    TODO,
-    claim,
-    data_key,
-    sealed,
-    streaming,
-    wait_sealed,
-    wait_ticket,
-    write_result,
-    write_trained,
-)
+from trainer.lifecycle import queue_files, requeue
 from trainer.ranks import lease as leases
 from trainer.ranks import parallel, sigterm
 from trainer.ranks.processes import run_then_exit
@@ -70,7 +57,7 @@ def load_point(point_dir: Path) -> Any:
     and type again (a few milliseconds; composing the YAML with Hydra takes tens)."""
     from omegaconf import OmegaConf
 
-    with open(point_dir / POINT_DATA) as f:
+    with open(point_dir / queue_files.POINT_DATA) as f:
         values = json.load(f)
     cfg = OmegaConf.merge(_schema(), values)
     OmegaConf.set_struct(cfg, True)  # as Hydra composes it: a key set later that does not exist is refused
@@ -100,7 +87,7 @@ class Datasets:
     def get(self, cfg: Any) -> Any:
         from trainer.run import load_data
 
-        if (key := data_key(cfg)) not in self.loaded:
+        if (key := queue_files.data_key(cfg)) not in self.loaded:
             self.loaded[key] = load_data(cfg)
         return self.loaded[key]
 
@@ -127,7 +114,7 @@ def serve(queue: Path, name: str, world: parallel.World) -> int:
     finally:  # SIGTERM, Ctrl-C or a bug: the runs ended FINISHED with their training; their checks are abandoned
         for point_dir, claimed_at, pending in waiting:
             pending.abandon()
-            write_result(point_dir, 0, worker, time.time() - claimed_at)
+            queue_files.write_result(point_dir, 0, worker, time.time() - claimed_at)
         reference_jobs.shutdown()
 
 
@@ -138,11 +125,11 @@ def _serve(queue: Path, name: str, world: parallel.World, worker: str, waiting: 
     tf32 = policy.tf32_here()  # one GEMM mode per worker
     lease = leases.from_env(world.local_rank)
     served: set[Path] = set()  # the points this process claimed
-    datasets.preload(os.environ.get(DATA_HINT))  # while the sweeper records the sweep
+    datasets.preload(os.environ.get(queue_files.DATA_HINT))  # while the sweeper records the sweep
     _say(world, f"data loaded, {len(datasets.loaded)} set(s)")
-    if not wait_sealed(queue):
+    if not queue_files.wait_sealed(queue):
         return 0
-    stream = streaming(queue)
+    stream = queue_files.streaming(queue)
     if world.rank == 0:
         _prefetch_checks(queue, world, datasets)
     while True:
@@ -159,7 +146,7 @@ def _serve(queue: Path, name: str, world: parallel.World, worker: str, waiting: 
         finally:  # trained (its run may wait for the reference: no GPU needed), or failed
             if lease is not None:
                 lease.release()
-        if status is None and (not stream or world.comm.bcast(sealed(queue) if world.rank == 0 else None)):
+        if status is None and (not stream or world.comm.bcast(queue_files.sealed(queue) if world.rank == 0 else None)):
             return _settle(waiting, worker, block=True)  # the last points' references
         # (a search's queue, not sealed: another worker took the ticket; wait for the next)
         if status == requeue.REQUEUE_STATUS:  # the point resumes from its checkpoint after the requeue
@@ -171,7 +158,7 @@ def _serve(queue: Path, name: str, world: parallel.World, worker: str, waiting: 
 def _next_ticket(queue: Path, world: parallel.World, waiting: list, worker: str) -> bool:
     """A streaming queue's worker, between points: rank 0 waits for a ticket or the seal, landing
     its checks meanwhile (their results are what the search waits for); False: the sweeper is gone."""
-    ok = wait_ticket(queue, lambda: _settle(waiting, worker, block=False)) if world.rank == 0 else True
+    ok = queue_files.wait_ticket(queue, lambda: _settle(waiting, worker, block=False)) if world.rank == 0 else True
     parallel.wait_for_all(world.comm)  # the other ranks asleep meanwhile
     return bool(world.comm.bcast(ok))
 
@@ -185,10 +172,10 @@ def _prefetch_checks(queue: Path, world: parallel.World, datasets: Datasets) -> 
 
     if gpu_count() == 0:  # a CPU worker's references run after their points' timed batches, on its cores
         return
-    for ticket in sorted((queue / TODO).iterdir()):
+    for ticket in sorted((queue / queue_files.TODO).iterdir()):
         try:
             cfg = load_point(Path(ticket.read_text().strip()))
-            ds = datasets.loaded.get(data_key(cfg))
+            ds = datasets.loaded.get(queue_files.data_key(cfg))
             if ds is not None and select(cfg.device, world.local_rank).kind == "gpu":
                 prefetch(cfg, ds, schedule_of(cfg))
         except Exception:  # claimed meanwhile, or a point that will say itself what is wrong with it
@@ -215,7 +202,7 @@ def _next_point(
     from trainer.lifecycle.check import PendingCheck
     from trainer.run import train_and_defer
 
-    point_dir = claim(queue, name, served) if world.rank == 0 else None
+    point_dir = queue_files.claim(queue, name, served) if world.rank == 0 else None
     claimed_at = time.time()
     parallel.wait_for_all(world.comm)  # rank 0 may still record the last point
     point_dir = world.comm.bcast(point_dir)
@@ -237,7 +224,7 @@ def _next_point(
     if not status:
         outcome = train_and_defer(cfg, world, ds, origin=claimed_at)
         if isinstance(outcome, PendingCheck):  # rank 0: result.json once the run has ended
-            write_trained(point_dir)  # its training and metrics are in: a search asks for the next trial
+            queue_files.write_trained(point_dir)  # its training and metrics are in: a search asks for the next trial
             waiting.append((point_dir, claimed_at, outcome))
             if not outcome.beside:  # trained on the CPU: the next point must not share its cores
                 return _settle(waiting, worker, block=True)
@@ -246,7 +233,7 @@ def _next_point(
     if world.rank == 0 and not requeued(status):  # a requeued point has no result yet: it resumes
         if error:
             (point_dir / "worker_error.txt").write_text(error)
-        write_result(point_dir, status, worker, time.time() - claimed_at)
+        queue_files.write_result(point_dir, status, worker, time.time() - claimed_at)
     return status
 
 
@@ -259,7 +246,7 @@ def _settle(waiting: list[tuple[Path, float, Any]], worker: str, block: bool) ->
         waiting.remove(item)  # first: a SIGTERM from here on must not abandon a check that landed
         point_dir, claimed_at, pending = item
         status = pending.finish()
-        write_result(point_dir, status, worker, time.time() - claimed_at)
+        queue_files.write_result(point_dir, status, worker, time.time() - claimed_at)
     return KILLED_STATUS if sigterm.seen() else 0
 
 

@@ -73,14 +73,14 @@ class Queue:
     def put(self, point: Point) -> None:
         """A streaming queue's point's ticket, at once claimable (once)."""
         if point.index not in self.ticketed:
-            (self.dir / protocol.TODO / f"{point.index:06d}").write_text(str(point.dir.resolve()))
+            protocol.write_ticket(self.dir, point.index, point.dir.resolve())
             self.ticketed.add(point.index)
 
     def seal(self, points: list[Point]) -> None:
         """One ticket per point to run, named so that workers take them in the sweep's order, then
         the seal: a worker that finds the queue sealed and empty ends."""
         for p in points:
-            (self.dir / protocol.TODO / f"{p.index:06d}").write_text(str(p.dir.resolve()))
+            protocol.write_ticket(self.dir, p.index, p.dir.resolve())
         (self.dir / protocol.SEALED).touch()
         self.sealed = True
 

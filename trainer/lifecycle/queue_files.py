@@ -33,6 +33,14 @@ TRAINED = "trained"  # the point's run ended with its training; its CPU check ma
 DATA_HINT = "SWEEPSCALE_DATA"  # the queue's data set (data_key as JSON): loaded while the sweeper records
 
 
+def write_ticket(queue: Path, index: int, point_dir: Path) -> None:
+    """Ticket ``index`` for the point in ``point_dir``, whole when it appears (a worker may claim
+    and read it at once: a search's queue is watched while its tickets are written)."""
+    part = queue / f".{index:06d}.part"
+    part.write_text(str(point_dir))
+    os.replace(part, queue / TODO / f"{index:06d}")
+
+
 def claim(queue: Path, name: str, served: set[Path]) -> Path | None:
     """The next point's folder, claimed for worker ``name``; None when the queue is empty. A point
     this worker claimed before it was requeued (not in ``served``, the claims of this process) and
