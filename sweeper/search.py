@@ -5,8 +5,9 @@
 
 Each trial is a point like a grid's (its nproc decides its shape and so its warm workers' queue;
 sweeper/runners/warm.py streams its tickets), recorded as a child run tagged with its trial number.
-The sweep keeps as many trials in flight as the machine has GPUs (or cores, on CPU); each one that
-ends is told to the study with its run's metric, and the next is asked at once. The study lives
+The sweep keeps as many trials in flight as the machine has GPUs (or cores, on CPU), and one more;
+each one whose run ends with its training is told to the study (its run's metric, or its time to a
+target precision), and the next is asked at once. The study lives
 in Optuna's storage (by default ``optuna.db`` beside a SQLite MLflow store): the same command run
 again goes on with the same study until it holds ``n_trials`` trials; trials an interrupted sweep
 left unfinished are asked again with their values.
