@@ -40,6 +40,9 @@ class LocalLauncherConfig(LauncherConfig):
     gpus: int | None = None
     # CPU cores the sweep may use when points run on the CPU (null: all).
     cpus: int | None = None
+    # A warm worker whose job has written no log this long after its start never started its task:
+    # killed and restarted (a local job's controller was seen, rarely, to start nothing).
+    start_grace_s: float = 30.0
 
 
 class Pmi(str, Enum):
@@ -174,6 +177,10 @@ def validate_sweep(base: Any) -> None:
     for key in ("points_per_job", "array_parallelism", "ranks_per_node", "max_nodes", "cpus_per_task"):
         if launcher.get(key) is not None:
             checks.append((launcher[key] >= 1, f"launcher.{key}={launcher[key]}: at least 1"))
+    if "start_grace_s" in launcher:
+        checks.append(
+            (launcher.start_grace_s > 0, f"launcher.start_grace_s={launcher.start_grace_s}: above 0, e.g. 30")
+        )
     if "max_requeues" in launcher:
         checks.append((launcher.max_requeues >= 0, f"launcher.max_requeues={launcher.max_requeues}: 0 or more"))
     for key in ("gpus", "cpus", "gpus_per_node"):

@@ -15,13 +15,14 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from sweeper.point_job import run_point, run_worker
 from sweeper.points import Point, Shape
 from sweeper.runners.base import WithoutScheduler
-from sweeper.runners.warm import Queue, Ticket, WarmPool
+from sweeper.runners.warm import Queue, Ticket, WarmPool, unstarted
 from trainer.errors import ConfigError
 from trainer.lifecycle.reference_jobs import CORES_ENV
 from trainer.ranks import lease
@@ -48,6 +49,7 @@ class LocalRunner(WithoutScheduler):
         self.executor = None
         self.pool = WarmPool(folder, launcher.max_restarts) if launcher.warm else None
         self.streaming = False  # a search's (sweeper/search_flow.py): points come while the sweep runs
+        self.submitted: dict[str, float] = {}  # a warm worker's job id -> when it was started (monotonic)
         self.slots: dict[
             tuple[Path, str], int
         ] = {}  # (queue, worker) -> which GPUs (or cores) of the machine it shares
@@ -109,6 +111,7 @@ class LocalRunner(WithoutScheduler):
 
     def _start_warm(self, queued: list[Point]) -> list[tuple[Point, Job]]:
         pool = self.pool
+        self._end_unstarted()
         if self.streaming:  # a search's points: tickets as they come, the queues left open
             pool.put(queued)
         elif not pool.queues:
@@ -147,8 +150,23 @@ class LocalRunner(WithoutScheduler):
         name = self.pool.new_name()
         args = (str(q.dir), name, q.nproc, q.mpiexec)
         q.workers[name] = self._submit(shape, len(q.points), run_worker, *args, env=q.env, units=(kind, units))
+        self.submitted[q.workers[name].job_id] = time.monotonic()
         self.slots[(q.dir, name)] = free[0]
         return True
+
+    def _end_unstarted(self) -> None:
+        """Warm workers whose job wrote no log ``launcher.start_grace_s`` after its start: its
+        controller started no task (seen rarely, cause unknown); ended (its session killed), so
+        that the pool starts a fresh worker for its points at once."""
+        grace = self.launcher.start_grace_s
+        for job in self.pool.live_jobs():
+            started = self.submitted.get(job.job_id)
+            if started is None or time.monotonic() - started < grace or Path(job.paths.stdout).exists():
+                continue
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(int(job.job_id), signal.SIGKILL)  # a session of its own (local_jobs.py): all of it
+            unstarted(job.job_id, f"its job wrote no log {grace:g} s after its start: killed, a fresh worker started")
+            del self.submitted[job.job_id]
 
     def _cpu_ranks(self) -> int:
         """The ranks of the live workers on CPU cores."""

@@ -163,6 +163,14 @@ def ended_how(job: Job) -> str:
 
 
 _ENDED_HOW: dict[str, str] = {}
+_UNSTARTED: set[str] = set()  # jobs a runner ended because they never started their task
+
+
+def unstarted(job_id: str, why: str) -> None:
+    """A runner ended this worker's job, which never started its task: restarted without asking
+    submitit (which waits 15 s for the result of a job that wrote nothing, twice)."""
+    _ENDED_HOW[job_id] = why
+    _UNSTARTED.add(job_id)
 
 
 def _tail(path: Path) -> str:
@@ -274,7 +282,7 @@ class WarmPool:
                     q.given_up = f"CANCELLED: the worker's job was cancelled before this point ran ({how})"
                 elif SETUP_FAILED in how:  # the same lines fail every allocation: no restart
                     q.given_up = how
-                elif job.exception() is not None:
+                elif job.job_id in _UNSTARTED or job.exception() is not None:
                     q.restarts += 1
                     if q.restarts > self.max_restarts:
                         q.given_up = f"gave up after {self.max_restarts} worker restart(s); the last: {how}"
