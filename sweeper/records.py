@@ -29,6 +29,12 @@ def absolute_uri(uri: str) -> str:
     return uri
 
 
+def points_json(points: list[Point], reused: dict[str, str]) -> list[dict]:
+    """The parent's list of points (``points.json``): each one's name, config hash and the FINISHED
+    run it reuses (``reused``: config hash -> run id), if any."""
+    return [{"name": p.name, "config_hash": p.config_hash, "reused_run": reused.get(p.config_hash)} for p in points]
+
+
 class SweepRecord:
     def __init__(self, uri: str, experiment: str) -> None:
         self.uri, self.experiment = absolute_uri(uri), experiment
@@ -94,9 +100,7 @@ class SweepRecord:
 
     def replan(self, points: list[Point], reused: dict[str, str]) -> None:
         """The parent's list of points again, once a search has asked for all of its trials."""
-        planned = [
-            {"name": p.name, "config_hash": p.config_hash, "reused_run": reused.get(p.config_hash)} for p in points
-        ]
+        planned = points_json(points, reused)
         self.client.log_dict(self.parent_id, planned, POINTS_ARTIFACT)
         if self.started is not None:
             self.started = (*self.started[:3], planned)

@@ -235,9 +235,7 @@ def start_parent(
     overrides: list[str],
 ) -> str:
     """The sweep's parent run, listing every point (and the run a skipped one reuses)."""
-    planned = [
-        {"name": p.name, "config_hash": p.config_hash, "reused_run": done_before.get(p.config_hash)} for p in points
-    ]
+    planned = records.points_json(points, done_before)
     extra = {
         metrics.TAG_COMMAND: records.command_line(),
         metrics.TAG_SWEEP_DIR: str(sweep_dir),
