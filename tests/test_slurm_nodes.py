@@ -96,6 +96,9 @@ def test_a_sweep_of_one_and_two_node_shapes_spans_the_nodes(tmp_path, bridge_ser
     assert nodes and nodes[0] == "2", nodes  # one allocation of two nodes, as Slurm accounts it
 
 
+EPOCHS = 400  # each point's, in the node test: 4 steps an epoch
+
+
 def steps_of(raw_job_id: str) -> list[str]:
     """This machine's slurmstepd processes of a job (its batch script's and its steps')."""
     ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout.splitlines()
@@ -113,7 +116,17 @@ def test_a_node_going_down_mid_sweep_requeues_only_its_point(tmp_path, mlflow_ur
     the job on node2 only: its point resumes from its checkpoint into the same run, the other
     point never notices."""
     runs(mlflow_uri)  # create the store first: polling must not race the sweeper's schema set-up
-    grid = ["seed=1,2", "hidden=16", "nproc=2", "epochs=150", "batch_size=50", "data.n_train=200", "data.n_test=50"]
+    # Long enough that node2's point still trains when the second checkpoint appears (150 epochs
+    # were once done by then, and Slurm had nothing to requeue).
+    grid = [
+        "seed=1,2",
+        "hidden=16",
+        "nproc=2",
+        f"epochs={EPOCHS}",
+        "batch_size=50",
+        "data.n_train=200",
+        "data.n_test=50",
+    ]
     cmd = [sys.executable, "-m", "sweeper", "-m", *grid, *MULTI, "launcher.points_per_job=1"]  # a job each
     proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     jobs: dict[str, str] = {}
@@ -145,7 +158,7 @@ def test_a_node_going_down_mid_sweep_requeues_only_its_point(tmp_path, mlflow_ur
     assert metrics.TAG_RESTARTS not in spared.data.tags
     for run in (hit, spared):  # every step once, none lost
         steps = sorted(m.step for m in _history(mlflow_uri, run.info.run_id, metrics.TRAIN_LOSS))
-        assert steps == list(range(150 * 4))
+        assert steps == list(range(EPOCHS * 4))
 
 
 def _history(uri: str, run_id: str, key: str):

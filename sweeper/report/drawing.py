@@ -77,7 +77,9 @@ def draw(fn: Callable[..., Any], *args: Any) -> Future[Any]:
 
 
 def stop() -> None:
+    """End the children. Waited for: the interpreter's exit joins the pool's thread anyway, and one
+    left to close its wake-up pipe while that exit wakes it raced (EBADF at the sweep's very end)."""
     global _pool
     pool, _pool = _pool, None
     if pool is not None:
-        pool.shutdown(wait=False, cancel_futures=True)
+        pool.shutdown(wait=True, cancel_futures=True)
