@@ -109,6 +109,10 @@ def close_runs(
             journal.bound_waits(opts.store_wait_s)  # from here on the sweep's end waits a bounded time
             for path, what in journal.send_left(sweep_dir):
                 display.console.print(f"tracking journal of {path.parent.name}: {what}")
+        else:  # runs warm workers handed off that the watch has not sent in full (a worker killed mid-run)
+            for path, what in journal.send_left(sweep_dir):
+                if not what.startswith("sent"):
+                    display.console.print(f"handed-off run of {path.parent.name}: {what}")
         if flight.interrupted:
             record.kill_running(sweep_id)  # runs whose trainer could not say so
         watched = {p.name: j.run_id for p, j in earlier.values()}

@@ -47,12 +47,16 @@ def journals(sweep_dir: Path) -> dict[str, list[dict[str, Any]]]:
             if not line.endswith("}"):  # a line still being written
                 continue
             entry = json.loads(line)
-            if entry["op"] == "run":
-                run_id = entry["run_id"]
+            if entry["op"] == "run":  # a handed-off run's id is its first sender's (journal.RUN)
+                run_id = entry["run_id"] or _created(path.parent)
                 runs.setdefault(run_id, [])
             if run_id is not None:
                 runs[run_id].append(entry)
     return {run_id: lines for run_id, lines in runs.items() if "name" in lines[0]}
+
+
+def _created(folder: Path) -> str:
+    return (folder / journal.RUN).read_text() if (folder / journal.RUN).exists() else str(folder)
 
 
 def _sent_first(path: Path) -> tuple[str, int]:

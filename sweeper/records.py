@@ -16,8 +16,9 @@ from sweeper.points import NOT_NAMES, Point
 from sweeper.report.study import POINTS_ARTIFACT
 from trainer import metrics
 from trainer.ranks.processes import alive, owner
-from trainer.record import store
+from trainer.record import journal, store
 
+SEND_BUDGET_S = 1.0  # a handed-off run's lines sent per look, at most this long (a worker may write faster)
 PARENT_JOURNAL = "parent"  # the sweep folder's subfolder where its parent's end waits for an absent server
 
 
@@ -42,6 +43,19 @@ class SweepRecord:
         self.experiment_id = store.ensure_experiment(self.client, self.uri, experiment)
         self.parent_id: str | None = None
         self.started: tuple | None = None  # the parent's name, tags, params and points, once started
+
+    def send_handed_off(self, folders: list[Path]) -> None:
+        """The runs that warm workers handed off while their store was still opening, sent from here,
+        where MLflow is loaded: each point folder's journal (trainer/record/journal.py). A journal that
+        fails now is sent again at the next poll, and at the sweep's end (collect.py)."""
+        if store.sqlite_file(self.uri) is None:  # only a SQLite store's runs are handed off
+            return
+        for folder in folders:
+            if (folder / journal.FILE).exists():
+                try:
+                    journal.Journal(folder).send(self.client, budget_s=SEND_BUDGET_S)
+                except Exception:  # e.g. its first line being written: the next poll
+                    continue
 
     def finished_hashes(self) -> dict[str, str]:
         """config hash -> id of a FINISHED run of it in this experiment (the resume key)."""

@@ -19,6 +19,7 @@ from omegaconf import DictConfig
 from sweeper import display, offline_report, records, search_flow, timeline
 from sweeper.collect import close_runs, spent
 from sweeper.config import validate_sweep
+from sweeper.handoff import HandoffSender
 from sweeper.plan import plan
 from sweeper.point_files import prepare
 from sweeper.points import Point
@@ -31,7 +32,7 @@ from sweeper.timeline import phase
 from sweeper.watch import watch
 from trainer import data, limits, metrics
 from trainer.core.clock import process_start
-from trainer.record import provenance, store, uri_check
+from trainer.record import journal, provenance, store, uri_check
 from trainer.record.checkpoint import resume_key
 
 if TYPE_CHECKING:
@@ -70,6 +71,7 @@ def run_sweep(
 
     with phase("workers' start"):
         os.environ[store.AHEAD] = uri  # the workers open it while they wait for their points
+        os.environ[journal.HANDOFF_ENV] = "" if runner.checkpoints else "1"  # or hand their runs to this sweeper
         runner.prestart(points)  # warm workers start up while MLflow is imported and the parent recorded
     if search is not None:  # a worker per shape the space holds starts meanwhile
         with phase("study: first trials"):
@@ -83,7 +85,11 @@ def run_sweep(
             drawing.warm_up()  # the report's drawers start beside the runs
             more = None if search is None else search_flow.feed(search, record, runner, sweep_id, done_before)
             total = len(points) if search is None else search.opts.n_trials
-            flight = watch(runner, todo, total, len(done_before), opts.poll_s, earlier, more)
+            sender = HandoffSender(record, opts.poll_s)
+            try:
+                flight = watch(runner, todo, total, len(done_before), opts.poll_s, earlier, more, sender)
+            finally:
+                sender.stop()
             if search is not None:
                 points = search_flow.end(search, record, runner, flight, done_before)
     except BaseException as e:  # e.g. the store refused the parent, sbatch refused a job

@@ -39,11 +39,13 @@ def watch(
     poll_s: float,
     earlier: dict | None = None,
     more: Callable[[Flight], list[Point]] | None = None,
+    each: Callable[[Flight], None] | None = None,
 ) -> Flight:
     """Run ``todo`` to its end (or to an interrupt), and watch ``earlier`` (index -> (point, job)
     an earlier sweep left running) to theirs; ``total`` and ``skipped`` are for the counts.
     ``more``: a search's next points, asked at every step (sweeper/search.py); the watch ends once
-    it gives none and nothing is queued or running."""
+    it gives none and nothing is queued or running. ``each``: called after every step (the runs
+    warm workers handed off, sent)."""
     flight = Flight(list(todo), running=dict(earlier or {}), earlier=set(earlier or {}))
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
@@ -52,6 +54,8 @@ def watch(
                 if more is not None:
                     flight.queued.extend(more(flight))
                 step(runner, flight)
+                if each is not None:
+                    each(flight)
                 failed = sum(e is not None for e in flight.finished.values())
                 pending = runner.pending()
                 waiting = min(len(flight.running), sum(pending.values())) if runner.job_a_point else 0  # not started

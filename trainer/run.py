@@ -91,11 +91,18 @@ def train_and_record(
 
 
 def train_and_defer(
-    cfg: DictConfig, world: parallel.World, ds: data_mod.Dataset, *, origin: float | None = None
+    cfg: DictConfig,
+    world: parallel.World,
+    ds: data_mod.Dataset,
+    *,
+    origin: float | None = None,
+    handoff: bool = False,
 ) -> int | PendingCheck:
     """Run on every rank: 1 (FAILED) or KILLED_STATUS if training failed, else 0 on ranks > 0 and on
     rank 0 the ended run's check still to land (:class:`PendingCheck`). Rank 0 records; a failure ends
-    the run and, in a world of several ranks (the others may wait in a collective), aborts the world."""
+    the run and, in a world of several ranks (the others may wait in a collective), aborts the world.
+    ``handoff`` (a warm worker's point): a run of one rank on a SQLite store, without checkpoints,
+    goes to a journal in ``mlflow.spool_dir`` that the sweeper sends (trainer/record/tracking.py)."""
     uri = store.tracking_uri(cfg.mlflow.tracking_uri)
     recorder: tracking.Recorder | None = None
     run_id: str | None = None
@@ -114,7 +121,8 @@ def train_and_defer(
         elif world.rank == 0:
             # Alone, rank 0 creates the run while it trains; other ranks need its id before (to record a failure).
             background = world.size == 1 and store.opens_in_background(uri)
-            recorder = start_recording(cfg, uri, world, backend, hosts, background)
+            journal_dir = cfg.mlflow.spool_dir if handoff and background and not cfg.save.checkpoint_dir else None
+            recorder = start_recording(cfg, uri, world, backend, hosts, background, journal_dir)
             run_id = None if background else recorder.run_id
         if world.rank == 0:
             launch.tell_launcher(run_id)
@@ -157,7 +165,7 @@ def _record_failure(
     status = "KILLED" if killed else "FAILED"
     text = traceback.format_exc() if traced else f"{type(e).__name__}: {e}"
     print(f"[rank {rank}] run {status}:\n{text}", file=sys.stderr, flush=True)
-    if run_id is not None:
+    if run_id is not None or (recorder is not None and recorder.handed_off):
         try:
             if recorder is not None:  # its queued metrics first, and through its journal if it keeps one
                 recorder.fail(status, text, rank)

@@ -1,25 +1,27 @@
 """What a warm worker does before its first point, while the sweeper still records the sweep and
-writes the tickets: MLflow imported and the sweep's store opened in a thread (seconds), the
-trainer's modules, and on a GPU the CUDA context, cuBLAS and the fused step's kernels compiled (or
-read from CuPy's cache) for the default config's step, by a few steps of a tiny network."""
+writes the tickets: MLflow imported and the sweep's store opened in a thread (seconds; not where
+its sweeper records its runs, trainer/record/journal.py), the trainer's modules, and on a GPU the
+CUDA context, cuBLAS and the fused step's kernels compiled (or read from CuPy's cache) for the
+default config's step, by a few steps of a tiny network."""
 
 from __future__ import annotations
 
 import os
 import sys
+import time
 from pathlib import Path
 
 from trainer.ranks import lease as leases
 from trainer.ranks import parallel
-from trainer.record import store
+from trainer.record import journal, store
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 
 
 def warm_up(world: parallel.World) -> None:
     """A warm worker's, before its first point (rank 0 records: it alone opens the sweep's store)."""
-    if world.rank == 0:
-        store.open_ahead(os.environ.get(store.AHEAD))
+    if world.rank == 0 and not hands_off(world):
+        store.open_ahead(os.environ.get(store.AHEAD), then=lambda: say("store open"))
     import trainer.run  # noqa: F401
 
     lease = leases.from_env(world.local_rank)
@@ -28,6 +30,13 @@ def warm_up(world: parallel.World) -> None:
             _gpu(world.local_rank)
         except Exception as e:  # a point that needs what failed here says why
             print(f"warm-up of the GPU step: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+
+
+def hands_off(world: parallel.World) -> bool:
+    """Whether this worker's runs go to journals its sweeper sends (trainer/record/journal.py): it
+    then never opens the store itself (a point with checkpoints opens it when it starts)."""
+    uri = os.environ.get(store.AHEAD, "")
+    return world.size == 1 and os.environ.get(journal.HANDOFF_ENV) == "1" and store.opens_in_background(uri)
 
 
 def _gpu(local_rank: int) -> None:
@@ -53,3 +62,10 @@ def _gpu(local_rank: int) -> None:
     options = policy.step_options(cfg, "gpu")
     fit(step.build(options, xp, layout, params, 32), xp, params, x, y, Schedule(32, 1e-3, 0.0, 1))
     xp.cuda.Device().synchronize()
+
+
+def say(what: str) -> None:
+    """Where the worker's start-up stands, in its log: seconds since its process started."""
+    from trainer.core.clock import process_start
+
+    print(f"worker: {what} at {time.time() - process_start():.2f} s", file=sys.stderr, flush=True)

@@ -41,7 +41,8 @@ from trainer.lifecycle import queue_files, requeue
 from trainer.ranks import lease as leases
 from trainer.ranks import parallel, sigterm
 from trainer.ranks.processes import run_then_exit
-from trainer.warm_up import warm_up
+from trainer.record import journal
+from trainer.warm_up import say, warm_up
 
 
 def requeued(status: int) -> bool:
@@ -109,22 +110,38 @@ def serve(queue: Path, name: str, world: parallel.World) -> int:
 
     worker = f"{name}@{socket.gethostname()}:{os.getpid()}"
     waiting: list[tuple[Path, float, Any]] = []  # rank 0's trained points whose check is still computing
+    served: set[Path] = set()  # the points this process claimed
     try:
-        return _serve(queue, name, world, worker, waiting)
+        return _serve(queue, name, world, worker, waiting, served)
     finally:  # SIGTERM, Ctrl-C or a bug: the runs ended FINISHED with their training; their checks are abandoned
         for point_dir, claimed_at, pending in waiting:
             pending.abandon()
             queue_files.write_result(point_dir, 0, worker, time.time() - claimed_at)
         reference_jobs.shutdown()
+        _send_handed_off(queue, served)
 
 
-def _serve(queue: Path, name: str, world: parallel.World, worker: str, waiting: list[tuple[Path, float, Any]]) -> int:
+def _send_handed_off(queue: Path, served: set[Path]) -> None:
+    """The runs this worker handed off, sent: by its sweeper, which polls them, or, that sweeper
+    gone or silent for journal.HANDOFF_WAIT_S, by this worker (importing MLflow only then)."""
+    deadline = time.monotonic() + journal.HANDOFF_WAIT_S
+
+    def left() -> list[Path]:
+        return [d for d in served if (d / journal.FILE).exists()]
+
+    if left():  # (wait_for ends early where the sweeper, on this host, is gone)
+        queue_files.wait_for(queue, lambda: not left() or time.monotonic() > deadline)
+    for point_dir in left():
+        for path, what in journal.send_left(point_dir):
+            print(f"worker: run of {path.parent.name} {what}", file=sys.stderr, flush=True)
+
+
+def _serve(queue: Path, name: str, world: parallel.World, worker: str, waiting: list, served: set[Path]) -> int:
     from trainer.run import KILLED_STATUS
 
     datasets = Datasets()
     tf32 = policy.tf32_here()  # one GEMM mode per worker
     lease = leases.from_env(world.local_rank)
-    served: set[Path] = set()  # the points this process claimed
     datasets.preload(os.environ.get(queue_files.DATA_HINT))  # while the sweeper records the sweep
     _say(world, f"data loaded, {len(datasets.loaded)} set(s)")
     if not queue_files.wait_sealed(queue):
@@ -222,7 +239,7 @@ def _next_point(
     except Exception:  # the sweeper checked every point: this is a bug, the point fails alone
         status, error = 2, traceback.format_exc()
     if not status:
-        outcome = train_and_defer(cfg, world, ds, origin=claimed_at)
+        outcome = train_and_defer(cfg, world, ds, origin=claimed_at, handoff=os.environ.get(journal.HANDOFF_ENV) == "1")
         if isinstance(outcome, PendingCheck):  # rank 0: result.json once the run has ended
             queue_files.write_trained(point_dir)  # its training and metrics are in: a search asks for the next trial
             waiting.append((point_dir, claimed_at, outcome))
@@ -275,11 +292,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _say(world: parallel.World, what: str) -> None:
-    """Where the worker's start-up stands, in its log: seconds since its process started."""
-    from trainer.core.clock import process_start
-
+    """Where the worker's start-up stands, in its log (rank 0's)."""
     if world.rank == 0:
-        print(f"worker: {what} at {time.time() - process_start():.2f} s", file=sys.stderr, flush=True)
+        say(what)
 
 
 def _terminate(_signum: int, _frame: Any) -> None:

@@ -9,11 +9,14 @@ from __future__ import annotations
 import functools
 import math
 import subprocess
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from sweeper.runners.base import SchedulerAwayError
 from trainer.errors import ConfigError
+
+ACCOUNTING_LAG_S = 5.0  # how long the closing table waits for sacct to know a job that just ended
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -158,13 +161,20 @@ def accounting(job_ids: list[str]) -> dict[str, str]:
     """sacct's state and elapsed time of each job (TIMEOUT, PREEMPTED, OUT_OF_MEMORY, NODE_FAIL, ...)."""
     if not job_ids:
         return {}
-    cmd = ["sacct", "-n", "-P", "-X", "-o", "JobID,State,Elapsed", "-j", ",".join(sorted(set(job_ids)))]
-    try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=30).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return {}
-    rows = [line.split("|") for line in out.splitlines() if line.count("|") == 2]
-    return {job: f"{state.split()[0]} {elapsed}" for job, state, elapsed in rows}
+    wanted = sorted(set(job_ids))
+    cmd = ["sacct", "-n", "-P", "-X", "-o", "JobID,State,Elapsed", "-j", ",".join(wanted)]
+    deadline = time.monotonic() + ACCOUNTING_LAG_S
+    while True:
+        try:
+            result = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            return {}
+        rows = [line.split("|") for line in result.stdout.splitlines() if line.count("|") == 2]
+        said = {job: f"{state.split()[0]} {elapsed}" for job, state, elapsed in rows}
+        # slurmdbd records a job a moment after slurmctld ends it; no accounting at all fails at once
+        if result.returncode != 0 or set(wanted) <= said.keys() or time.monotonic() > deadline:
+            return said
+        time.sleep(0.5)
 
 
 def cancel_pending(job_name: str) -> list[str]:

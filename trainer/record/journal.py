@@ -5,6 +5,13 @@ recorder (trainer/record/tracking.py) appends every write, metrics, tags, params
 the run's end, to ``journal.jsonl`` there, one JSON line each, and a thread sends them in order.
 Writes may follow the end (a CPU check landing after the run ended): the end's line then says
 ``close: false`` and a ``close`` line comes last; the journal is done once its last line is sent.
+
+A warm worker of one rank on a SQLite store *hands off* its runs (with ``HANDOFF_ENV``, set by
+its sweeper): it never imports MLflow (seconds of CPU, and of the GIL while it trains); each run is
+journaled from its start, not created (the first line has no run id, only what to create it with),
+and the sweeper, which has MLflow loaded, creates and sends it at every poll. The worker's end
+sends what its sweeper did not (a sweeper gone). The first sender creates the run and notes its id
+in ``journal.run``; a lock on the folder keeps two senders from sending a line twice at once.
 The byte offset sent so far is kept in ``journal.sent``. A server that is down holds nothing up:
 the thread retries, the run's process waits for it at its end for at most ``DRAIN_S``, and what
 is left is sent by ``python -m sweeper.sync`` (and by the sweep's own end) from the journal
@@ -14,19 +21,26 @@ idempotent there, metrics too, as a metric is stored once per (key, step, time, 
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
 import sys
 import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 FILE, SENT, FILES = "journal.jsonl", "journal.sent", "journal_files"
+RUN, LOCK = "journal.run", "journal.lock"  # a handed-off run's id, once created; the senders' lock
 DONE = "journal.done.jsonl"  # a journal sent in full, kept: a sweep whose server is away reports from it
 DRAIN_S = float(os.environ.get("SWEEPSCALE_SPOOL_DRAIN_S", "30"))  # a run's end waits this long for the server
 RETRY_S = 2.0  # between attempts while the server is down
 BATCH = 1000  # MLflow's limit of metrics per log_batch call
+HANDOFF_TAG = "sweepscale.handoff"  # a handed-off run's journal id: finds a run created but not noted
+HANDOFF_ENV = "SWEEPSCALE_HANDOFF"  # "1": set by a sweeper that sends its warm workers' runs (no checkpoints)
+HANDOFF_WAIT_S = 5.0  # how long a worker's end waits for its sweeper to send them, before it sends them itself
 
 
 class Journal:
@@ -35,12 +49,13 @@ class Journal:
     def __init__(
         self, folder: str | os.PathLike, uri: str | None = None, run_id: str | None = None, created: dict | None = None
     ) -> None:
-        """With ``uri`` and ``run_id``, a new journal's first line; ``created``: what the run was
-        created with (its name, tags and start), for a report built from the journal alone."""
+        """With ``uri``, a new journal's first line, naming ``run_id`` (None: a handed-off run, created
+        from ``created`` by its first sender); ``created``: what the run was created with (its name,
+        tags and start), for a report built from the journal alone."""
         self.folder = Path(folder)
         self.path, self.sent_path = self.folder / FILE, self.folder / SENT
         self._lock = threading.Lock()
-        if uri is not None and run_id is not None:
+        if uri is not None:
             self.folder.mkdir(parents=True, exist_ok=True)
             self.append({"op": "run", "uri": uri, "run_id": run_id, **(created or {})})
 
@@ -58,6 +73,31 @@ class Journal:
         with open(self.path) as f:
             return json.loads(f.readline())
 
+    def run_id(self) -> str | None:
+        """The run's id: the first line's, or, for a handed-off run, the one its first sender created."""
+        if (said := self.header()["run_id"]) is not None:
+            return said
+        return (self.folder / RUN).read_text() if (self.folder / RUN).exists() else None
+
+    def _create(self, client: Any) -> str:
+        """A handed-off run, created once: a sender that died before noting the id finds the run by its
+        journal's tag instead of creating another."""
+        from trainer.record.store import ensure_experiment
+
+        head = self.header()
+        exp_id = ensure_experiment(client, head["uri"], head["experiment"])
+        tag = head["tags"][HANDOFF_TAG]
+        found = client.search_runs([exp_id], f"tags.`{HANDOFF_TAG}` = '{tag}'", max_results=1)
+        if found:
+            run_id = found[0].info.run_id
+        else:
+            created = client.create_run(exp_id, start_time=head["start_ms"], tags=head["tags"], run_name=head["name"])
+            run_id = created.info.run_id
+        tmp = self.folder / f"{RUN}.tmp"
+        tmp.write_text(run_id)
+        os.replace(tmp, self.folder / RUN)
+        return run_id
+
     def unsent(self) -> list[tuple[int, dict[str, Any]]]:
         """(offset after it, entry) of each line not sent yet; a line still being written is left."""
         done = int(self.sent_path.read_text()) if self.sent_path.exists() else 0
@@ -71,11 +111,29 @@ class Journal:
                 out.append((done, json.loads(line)))
         return out
 
-    def send(self, client: Any) -> bool:
+    def send(self, client: Any, budget_s: float | None = None) -> bool:
         """Send what is unsent, noting each line once sent; True once its last line is sent (then
-        the journal is renamed ``DONE``: nothing is left to send). Raises what the store raised."""
-        run_id, ended = self.header()["run_id"], False
-        for offset, entry in self.unsent():
+        the journal is renamed ``DONE``: nothing is left to send). With ``budget_s``, stop after
+        about that long (the rest at the next call). Raises what the store raised."""
+        if not self.path.exists():
+            return True
+        if self.header()["run_id"] is not None:  # one sender: the run's own process (or sweeper.sync after it)
+            return self._send(client, budget_s)
+        fd = os.open(self.folder, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)  # a handed-off run's other sender waits its turn
+            if not self.path.exists():  # the other sender sent it all
+                return True
+            return self._send(client, budget_s)
+        finally:
+            os.close(fd)
+
+    def _send(self, client: Any, budget_s: float | None) -> bool:
+        run_id, ended = self.run_id() or self._create(client), False
+        deadline = None if budget_s is None else time.monotonic() + budget_s
+        for offset, entry in _grouped(self.unsent()):
+            if deadline is not None and time.monotonic() > deadline:
+                return False
             apply(client, run_id, entry, self.folder / FILES)
             tmp = self.sent_path.with_suffix(".tmp")
             tmp.write_text(str(offset))
@@ -88,6 +146,27 @@ class Journal:
             self.path.unlink()
             self.sent_path.unlink(missing_ok=True)
         return ended
+
+
+def _grouped(lines: list[tuple[int, dict[str, Any]]]) -> Iterator[tuple[int, dict[str, Any]]]:
+    """Consecutive metrics lines as one (an epoch's each: one store write for many epochs), at most
+    BATCH values; every other line as it is. (offset after it, entry)."""
+    group: list[list[Any]] = []
+    last = 0
+    for offset, entry in lines:
+        if entry["op"] == "metrics" and group and len(group) < BATCH:
+            group += entry["metrics"]
+            last = offset
+            continue
+        if group:
+            yield last, {"op": "metrics", "metrics": group}
+            group = []
+        if entry["op"] == "metrics":
+            group, last = list(entry["metrics"]), offset
+            continue
+        yield offset, entry
+    if group:
+        yield last, {"op": "metrics", "metrics": group}
 
 
 def apply(client: Any, run_id: str, entry: dict[str, Any], files: Path) -> None:
@@ -112,7 +191,7 @@ def apply(client: Any, run_id: str, entry: dict[str, Any], files: Path) -> None:
             return
         client.log_artifact(run_id, str(path))
     elif op == "end":
-        client.set_terminated(run_id, entry["status"])
+        client.set_terminated(run_id, entry["status"], end_time=entry.get("end_ms"))  # when it ended, not when sent
     # "close": nothing to write, the journal is done
 
 

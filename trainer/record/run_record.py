@@ -42,11 +42,18 @@ def flat_params(cfg: DictConfig) -> dict[str, Any]:
 
 
 def start_recording(
-    cfg: DictConfig, uri: str, world: parallel.World, backend: Backend, hosts: list[str], background: bool = False
+    cfg: DictConfig,
+    uri: str,
+    world: parallel.World,
+    backend: Backend,
+    hosts: list[str],
+    background: bool = False,
+    handoff: str | None = None,
 ) -> tracking.Recorder:
     """The run, with its tags, params and config.yaml; with ``background``, created in a thread
-    (tracking.Recorder) while training starts. The config is resolved here either way: an error in
-    it stops the run before it trains."""
+    (tracking.Recorder) while training starts, or with ``handoff`` journaled there if the store is
+    still opening when the run needs it. The config is resolved here either way: an error in it
+    stops the run before it trains."""
     own = {
         metrics.TAG_CONFIG_HASH: config_hash(cfg),
         "sweepscale.mpi_library": world.library,
@@ -74,7 +81,8 @@ def start_recording(
         recorder.log_text(text, "config.yaml")
 
     experiment = store.experiment_name(cfg.mlflow.experiment)
-    return tracking.Recorder(uri, experiment, cfg.mlflow.run_name, tags, setup, background, spool=cfg.mlflow.spool_dir)
+    name, spool = cfg.mlflow.run_name, cfg.mlflow.spool_dir
+    return tracking.Recorder(uri, experiment, name, tags, setup, background, spool=spool, handoff=handoff)
 
 
 def configured_tags(cfg: DictConfig) -> dict[str, str]:

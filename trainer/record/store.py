@@ -23,6 +23,7 @@ import shutil
 import sqlite3
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +43,7 @@ def experiment_name(configured: str | None) -> str:
     return configured or os.environ.get("MLFLOW_EXPERIMENT_NAME") or DEFAULT_EXPERIMENT
 
 
-def open_ahead(uri: str | None = None) -> threading.Thread:
+def open_ahead(uri: str | None = None, then: Callable[[], None] | None = None) -> threading.Thread:
     """In a thread, while the caller does other work: import MLflow's client (seconds) and, with
     ``uri``, open that store (SQLAlchemy's import, the schema's check, a new store's tables), which
     MLflow then keeps for this process's later clients of it. Once per process; :func:`client`
@@ -55,6 +56,8 @@ def open_ahead(uri: str | None = None) -> threading.Thread:
 
             if uri:
                 client(uri)
+        if then is not None:
+            then()
 
     if _ahead is None:
         _ahead = threading.Thread(target=work, name="open-store", daemon=True)

@@ -7,6 +7,7 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,11 @@ class Recorder:
 
     With ``background`` the run is created (and ``setup`` run on it) in a thread while training
     starts: :meth:`metric` and :meth:`set_tags` only queue, every call that needs the run waits for
-    the thread, and the first such call raises the thread's error, so the run fails with it."""
+    the thread, and the first such call raises the thread's error, so the run fails with it.
+
+    With ``handoff`` (a folder: a warm worker's point, its sweeper at hand) the run is *handed
+    off*: this process never opens the store for it; every write goes to a journal there, and the
+    sweeper, which has MLflow loaded, creates and sends the run (trainer/record/journal.py)."""
 
     def __init__(
         self,
@@ -38,6 +43,7 @@ class Recorder:
         background: bool = False,
         resume: str | None = None,
         spool: str | None = None,
+        handoff: str | None = None,
     ) -> None:
         """``tags``: the run's, or a function giving them (called where the run is created).
         ``resume``: the id of a run to go on recording into (a checkpoint's) instead of a new one.
@@ -53,10 +59,14 @@ class Recorder:
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
         self._logged: set[tuple[str, int]] = set()  # a resumed run's (key, step) pairs, never logged twice
+        self._handed = handoff is not None and resume is None and self._spool is None
         if resume is not None:
             self._reopen(resume, tags() if callable(tags) else tags)
             return
         opening = (experiment, run_name, tags, setup, int(time.time() * 1000))  # started now, created maybe later
+        if self._handed:
+            self._hand_off(handoff, *opening)
+            return
         if not background:
             self._open(*opening)
             return
@@ -71,6 +81,21 @@ class Recorder:
         self._start_journal({"name": run_name, "tags": tags, "start_ms": start_ms})
         if setup is not None:
             setup(self)
+
+    def _hand_off(
+        self, folder: str, experiment: str, run_name: str | None, tags: Tags, setup: Setup | None, start_ms: int
+    ) -> None:
+        """The run as a journal in ``folder`` whose first line says how to create it."""
+        tags = {**(tags() if callable(tags) else tags), journal.HANDOFF_TAG: uuid.uuid4().hex}
+        created = {"experiment": experiment, "name": run_name, "tags": tags, "start_ms": start_ms}
+        self.journal = journal.Journal(folder, self.uri, None, created)
+        if setup is not None:
+            setup(self)
+
+    @property
+    def handed_off(self) -> bool:
+        """Whether the run is a journal that the sweeper creates and sends."""
+        return self._handed
 
     def _reopen(self, run_id: str, tags: dict[str, str]) -> None:
         """The run RUNNING again, with the (key, step) pairs it already holds: a resumed epoch that
@@ -96,7 +121,8 @@ class Recorder:
     def _write(self, entry: dict[str, Any]) -> None:
         with sigterm.deferred():  # a line written whole
             self.journal.append(entry)
-        self._sender.wake.set()
+        if self._sender is not None:  # a handed-off run's is the sweeper
+            self._sender.wake.set()
 
     def _open_catching(self, *opening: Any) -> None:
         try:
@@ -109,9 +135,12 @@ class Recorder:
             self._thread.join()
             self._thread = None
 
-    def _ready(self) -> str:
-        """The run's id, once created. Raises the opening's error once (a failure path may still
-        record into a run that exists), then, while there is no run, a RuntimeError."""
+    def _ready(self) -> str | None:
+        """The run's id, once created; None for a handed-off run (its writes go to the journal).
+        Raises the opening's error once (a failure path may still record into a run that exists),
+        then, while there is no run, a RuntimeError."""
+        if self._handed:
+            return None
         self._wait()
         if self._error is not None:
             error, self._error = self._error, None
@@ -121,8 +150,9 @@ class Recorder:
         return self._run_id
 
     @property
-    def run_id(self) -> str:
-        return self._ready()
+    def run_id(self) -> str | None:
+        """None for a handed-off run whose sender has not created it yet."""
+        return self._ready() or (self.journal.run_id() if self._handed else None)
 
     def settled_run_id(self) -> str | None:
         """The run's id, or None where it could not be created; waits for the opening, never raises."""
@@ -133,10 +163,10 @@ class Recorder:
     # once can find its circular imports half done.
     def log_params(self, params: dict[str, Any]) -> None:
         run_id = self._ready()
-        from mlflow.entities import Param
-
         if self.journal is not None:
             return self._write({"op": "params", "params": {k: str(v) for k, v in params.items()}})
+        from mlflow.entities import Param
+
         items = [Param(k, str(v)) for k, v in params.items()]
         with sigterm.deferred():
             for i in range(0, len(items), 100):
@@ -150,11 +180,11 @@ class Recorder:
 
     def _send_tags(self) -> None:
         run_id = self._ready()
-        from mlflow.entities import RunTag
-
         if self._tags and self.journal is not None:
             self._write({"op": "tags", "tags": self._tags})
         elif self._tags:
+            from mlflow.entities import RunTag
+
             with sigterm.deferred():
                 self.client.log_batch(run_id, tags=[RunTag(k, v) for k, v in self._tags.items()])
         self._tags = {}
@@ -166,21 +196,23 @@ class Recorder:
     def flush(self) -> None:
         self._send_tags()
         run_id = self._ready()
+        queued = [m for m in self._metrics if (m[0], m[3]) not in self._logged]  # (key, value, ms, step)
+        self._metrics = []
+        if self.journal is not None:  # training goes on; the thread sends them
+            if queued:
+                self._write({"op": "metrics", "metrics": [list(m) for m in queued]})
+            return
         from mlflow.entities import Metric
 
-        queued = [Metric(*m) for m in self._metrics if (m[0], m[3]) not in self._logged]
-        if self.journal is not None and queued:  # training goes on; the thread sends them
-            self._write({"op": "metrics", "metrics": [[m.key, m.value, m.timestamp, m.step] for m in queued]})
-            queued = []
+        metrics_ = [Metric(*m) for m in queued]
         with sigterm.deferred():  # an epoch's write, whole: SIGTERM mostly lands here
-            for i in range(0, len(queued), BATCH):
-                self.client.log_batch(run_id, metrics=queued[i : i + BATCH])
-        self._metrics = []
+            for i in range(0, len(metrics_), BATCH):
+                self.client.log_batch(run_id, metrics=metrics_[i : i + BATCH])
 
     def log_text(self, text: str, name: str) -> None:
+        run_id = self._ready()
         if self.journal is not None:
             return self._write({"op": "text", "text": text, "name": name})
-        run_id = self._ready()
         with sigterm.deferred():
             self.client.log_text(run_id, text, name)
 
@@ -193,7 +225,8 @@ class Recorder:
             np.savez(path, **arrays)
             if self.journal is not None:
                 self.journal.keep_file(path, name)
-                self._sender.wake.set()
+                if self._sender is not None:
+                    self._sender.wake.set()
             else:
                 with sigterm.deferred():
                     self.client.log_artifact(run_id, str(path))
@@ -225,11 +258,13 @@ class Recorder:
             with sigterm.deferred():
                 self.client.set_terminated(run_id, status)
             return
-        self._write({"op": "end", "status": status, "close": close})
+        self._write({"op": "end", "status": status, "close": close, "end_ms": int(time.time() * 1000)})
         if close:
             self._drain()
 
     def _drain(self) -> None:
+        if self._handed:  # sent by the sweeper; the worker waits for it at its end (trainer/worker.py)
+            return
         if not self._sender.drain(journal.DRAIN_S):  # the server is down: the journal keeps it all
             print(
                 f"the tracking server did not take run {self._run_id} in {journal.DRAIN_S:g} s "

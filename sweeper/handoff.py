@@ -1,0 +1,50 @@
+"""The runs that warm workers hand off (trainer/record/journal.py), sent by the sweeper, which has
+MLflow loaded: a thread sends the running points' journals while the watch polls (so a Ctrl-C lands
+in the watch, never inside SQLAlchemy), and each finished point's once more; the sweep's end
+(collect.py) sends anything left."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from trainer.record import store
+
+if TYPE_CHECKING:
+    from sweeper.records import SweepRecord
+    from sweeper.watch import Flight
+
+
+class HandoffSender:
+    """Called by the watch after every step (the points running, those ended); sends in a thread."""
+
+    def __init__(self, record: SweepRecord, poll_s: float) -> None:
+        self.record, self.poll_s = record, poll_s
+        self.running: dict[int, Path] = {}
+        self.ended: set[int] = set()
+        self.lock = threading.Lock()
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="handoff-sender", daemon=True)
+        if store.sqlite_file(record.uri) is not None:  # only a SQLite store's runs are handed off
+            self.thread.start()
+
+    def __call__(self, flight: Flight) -> None:
+        with self.lock:
+            self.running.update({i: p.dir for i, (p, _job) in flight.running.items()})
+            self.ended.update(i for i in self.running if i in flight.finished)
+
+    def _run(self) -> None:
+        while not self.stopped.wait(self.poll_s):
+            with self.lock:
+                folders, ended = list(self.running.values()), [self.running[i] for i in self.ended]
+                for i in self.ended:
+                    del self.running[i]
+                self.ended.clear()
+            self.record.send_handed_off(folders + [f for f in ended if f not in folders])
+
+    def stop(self) -> None:
+        """No more sends from the thread (the sweep's end sends what is left)."""
+        self.stopped.set()
+        if self.thread.is_alive():
+            self.thread.join()

@@ -1,0 +1,156 @@
+"""Handed-off runs (trainer/record/journal.py): a local warm worker of one rank on a SQLite store
+journals its runs without importing MLflow, and the sweeper, which has it loaded, creates and
+sends them. Real stores, real ranks; a worker's MLflow import is held to prove it never happens."""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+
+import pytest
+
+from tests.test_sweeper import FAST, children_of, parents, runs, sweep
+from trainer import metrics
+from trainer.record import journal, store, tracking
+
+# Imported first by every Python process of the sweep: MLflow's import in a warm worker waits for
+# the sweep's end (the file RELEASE), as if it took that long. The sweeper's own import is not held.
+HOLD_MLFLOW = """
+import importlib.abc, os, sys, time
+
+class Hold(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name != "mlflow" or "trainer/worker.py" not in (sys.argv[0] if sys.argv else ""):
+            return None
+        spec = next(s for f in sys.meta_path if f is not self and (s := f.find_spec(name, path, target)))
+        run = spec.loader.exec_module
+
+        def exec_module(module):  # held here, under the module's own lock (the finder holds every import's)
+            deadline = time.time() + 120
+            while not os.path.exists(os.environ["HOLD_MLFLOW_UNTIL"]) and time.time() < deadline:
+                time.sleep(0.05)
+            run(module)
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+sys.meta_path.insert(0, Hold())
+"""
+
+
+def history(uri: str, run_id: str, key: str) -> list[tuple[int, float]]:
+    return sorted((m.step, m.value) for m in store.client(uri).get_metric_history(run_id, key))
+
+
+def test_a_handed_off_run_is_created_and_sent_by_another_process_whole(mlflow_uri, tmp_path):
+    """The recorder opens no store: its writes, its end and a check landing after it go to the
+    journal; the sweeper's sends (here in order: up to the end, then the rest) make one run, its
+    end time the training's, every metric once."""
+    folder = tmp_path / "point"
+    folder.mkdir()
+
+    def setup(recorder: tracking.Recorder) -> None:
+        recorder.log_params({"hidden": 16})
+        recorder.log_text("hidden: 16\n", "config.yaml")
+
+    recorder = tracking.Recorder(mlflow_uri, "e", "p", lambda: {"a": "1"}, setup, background=True, handoff=str(folder))
+    recorder.set_tags({"b": "2"})
+    for step in range(3):
+        recorder.metric(metrics.TRAIN_LOSS, 1.0 / (step + 1), step)
+    recorder.flush()
+    assert recorder.handed_off and recorder.run_id is None and recorder.client is None  # no store opened
+    recorder.finish("FINISHED", close=False)  # a check still computing
+    sweeper_client = store.client(mlflow_uri)
+    assert sweeper_client.get_experiment_by_name("e") is None  # nothing created before the sweeper's send
+    assert not journal.Journal(folder).send(sweeper_client)  # sent up to the end; a close still to come
+    run_id = (folder / journal.RUN).read_text()
+    assert recorder.run_id == run_id
+    run = sweeper_client.get_run(run_id)
+    assert run.info.status == "FINISHED" and run.info.run_name == "p"
+    assert journal.Journal(folder).unsent() == []
+    recorder.metric(metrics.weight_error("max"), 1e-6)  # the check lands after the run ended
+    recorder.close()  # does not wait: its sweeper sends it
+    assert journal.Journal(folder).send(sweeper_client) and not (folder / journal.FILE).exists()
+    run = sweeper_client.get_run(run_id)
+    assert run.data.params == {"hidden": "16"} and run.data.tags["a"] == "1" and run.data.tags["b"] == "2"
+    assert history(mlflow_uri, run_id, metrics.TRAIN_LOSS) == [(0, 1.0), (1, 0.5), (2, 1.0 / 3)]
+    assert run.data.metrics[metrics.weight_error("max")] == 1e-6
+    assert [a.path for a in sweeper_client.list_artifacts(run_id)] == ["config.yaml"]
+    done = [line for line in (folder / journal.DONE).read_text().splitlines() if '"op": "end"' in line]
+    assert run.info.end_time == int(done[0].split('"end_ms": ')[1].rstrip("}"))  # when it ended, not when sent
+    assert len(sweeper_client.search_runs([run.info.experiment_id])) == 1
+
+
+def test_two_senders_of_one_journal_make_one_run_and_send_each_line_once(mlflow_uri, tmp_path):
+    folder = tmp_path / "point"
+    created = {"experiment": "e", "name": "p", "tags": {journal.HANDOFF_TAG: "x1"}, "start_ms": 1}
+    j = journal.Journal(folder, mlflow_uri, None, created)
+    for i in range(40):
+        j.append({"op": "metrics", "metrics": [[metrics.TRAIN_LOSS, float(i), 1000 + i, i]]})
+    j.append({"op": "end", "status": "FINISHED", "close": True, "end_ms": 5000})
+    results: list[bool] = []
+    senders = [
+        threading.Thread(target=lambda: results.append(journal.Journal(folder).send(store.client(mlflow_uri))))
+        for _ in range(2)
+    ]
+    for t in senders:
+        t.start()
+    for t in senders:
+        t.join()
+    assert results == [True, True]
+    (run,) = store.client(mlflow_uri).search_runs([store.client(mlflow_uri).get_experiment_by_name("e").experiment_id])
+    assert history(mlflow_uri, run.info.run_id, metrics.TRAIN_LOSS) == [(i, float(i)) for i in range(40)]
+    assert run.info.status == "FINISHED" and run.info.end_time == 5000
+
+
+def test_a_sender_that_died_before_noting_the_run_finds_it_instead_of_creating_another(mlflow_uri, tmp_path):
+    folder = tmp_path / "point"
+    created = {"experiment": "e", "name": "p", "tags": {journal.HANDOFF_TAG: "x2"}, "start_ms": 1}
+    j = journal.Journal(folder, mlflow_uri, None, created)
+    j.append({"op": "end", "status": "FINISHED", "close": True, "end_ms": 2})
+    client = store.client(mlflow_uri)
+    run_id = j._create(client)
+    (folder / journal.RUN).unlink()  # as if its sender died between creating the run and noting it
+    assert j.send(client) and (folder / journal.RUN).read_text() == run_id
+    assert len(client.search_runs([client.get_experiment_by_name("e").experiment_id])) == 1
+
+
+@pytest.mark.mpi
+def test_a_sweep_whose_workers_never_load_mlflow_records_every_run(tmp_path, mlflow_uri):
+    """The workers' MLflow import held until the sweep has ended: every run is handed off and the
+    sweeper records it whole; the same runs as a sweep whose workers record them themselves."""
+    hold = tmp_path / "hold"
+    hold.mkdir()
+    (hold / "sitecustomize.py").write_text(HOLD_MLFLOW)
+    release = tmp_path / "released"
+    args = ["hidden=16,24", "nproc=1", *FAST, "launcher.cpus=1"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(hold), *sys.path]), "HOLD_MLFLOW_UNTIL": str(release)}
+    held = sweep(args, tmp_path, env=env)
+    release.touch()
+    assert held.returncode == 0, held.stdout + held.stderr
+    (parent,) = parents(mlflow_uri)
+    kids = children_of(mlflow_uri, parent.info.run_id)
+    assert len(runs(mlflow_uri)) == 3 and {r.info.status for r in kids.values()} == {"FINISHED"}
+    assert len({r.data.tags[metrics.TAG_WORKER] for r in kids.values()}) == 1  # one worker, MLflow never loaded
+    for r in kids.values():
+        assert journal.HANDOFF_TAG in r.data.tags and r.data.tags[metrics.TAG_CHECK] == "done"
+        assert r.data.metrics[metrics.weight_error("max")] < 1e-4
+    dones = list(tmp_path.glob(f"multirun/*/*/*/{journal.DONE}"))
+    assert len(dones) == 2 and not list(tmp_path.glob(f"multirun/*/*/*/{journal.FILE}"))
+    assert {(d.parent / journal.RUN).read_text() for d in dones} == {r.info.run_id for r in kids.values()}
+
+    direct_uri = f"sqlite:///{tmp_path / 'direct.db'}"
+    direct = sweep([*args, f"mlflow.tracking_uri={direct_uri}"], tmp_path)
+    assert direct.returncode == 0, direct.stdout + direct.stderr
+    (direct_parent,) = parents(direct_uri)
+    plain = children_of(direct_uri, direct_parent.info.run_id)
+    for name, r in kids.items():
+        d = plain[name]  # (on a busy machine its first run may be handed off too)
+        assert set(r.data.params) == set(d.data.params) and set(r.data.metrics) == set(d.data.metrics)
+        assert set(r.data.tags) ^ set(d.data.tags) <= {journal.HANDOFF_TAG}
+        assert history(mlflow_uri, r.info.run_id, metrics.TRAIN_LOSS) == history(
+            direct_uri, d.info.run_id, metrics.TRAIN_LOSS
+        )
+        arts = {a.path for a in store.client(mlflow_uri).list_artifacts(r.info.run_id)}
+        assert arts == {a.path for a in store.client(direct_uri).list_artifacts(d.info.run_id)}
