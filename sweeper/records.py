@@ -44,7 +44,7 @@ class SweepRecord:
         self.parent_id: str | None = None
         self.started: tuple | None = None  # the parent's name, tags, params and points, once started
 
-    def send_handed_off(self, folders: list[Path]) -> None:
+    def send_handed_off(self, folders: list[Path], budget_s: float | None = SEND_BUDGET_S) -> None:
         """The runs that warm workers handed off while their store was still opening, sent from here,
         where MLflow is loaded: each point folder's journal (trainer/record/journal.py). A journal that
         fails now is sent again at the next poll, and at the sweep's end (collect.py)."""
@@ -53,7 +53,7 @@ class SweepRecord:
         for folder in folders:
             if (folder / journal.FILE).exists():
                 try:
-                    journal.Journal(folder).send(self.client, budget_s=SEND_BUDGET_S)
+                    journal.Journal(folder).send(self.client, budget_s=budget_s)
                 except Exception:  # e.g. its first line being written: the next poll
                     continue
 

@@ -87,6 +87,7 @@ def feed(
             search.tell(p, record.client.get_run(done_before[p.config_hash]), None)
 
     def run_of(point: Point) -> Any:
+        record.send_handed_off([point.dir], budget_s=None)  # its worker's journal, whole (sweeper/handoff.py)
         return record.children(sweep_id).get(point.name)
 
     def ready(new: list[Point]) -> list[Point]:

@@ -111,7 +111,8 @@ def test_a_sender_that_died_before_noting_the_run_finds_it_instead_of_creating_a
     j.append({"op": "end", "status": "FINISHED", "close": True, "end_ms": 2})
     client = store.client(mlflow_uri)
     run_id = j._create(client)
-    (folder / journal.RUN).unlink()  # as if its sender died between creating the run and noting it
+    (folder / journal.RUN).unlink()  # as if its sender died between creating the run and noting it:
+    (folder / f"{journal.RUN}.creating").touch()  # its mark that it was creating one
     assert j.send(client) and (folder / journal.RUN).read_text() == run_id
     assert len(client.search_runs([client.get_experiment_by_name("e").experiment_id])) == 1
 

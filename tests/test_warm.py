@@ -294,7 +294,7 @@ def test_the_queue_names_the_data_set_its_workers_load_before_the_seal(tmp_path)
     from sweeper.runners.warm import Queue
     from tests.conftest import compose
     from trainer.lifecycle.queue_files import DATA_HINT
-    from trainer.worker import Datasets
+    from trainer.worker_points import Datasets
 
     cfg = compose(["data.n_train=300", "data.n_test=100"])
     queue = Queue(tmp_path / "q", [Point(0, ["hidden=16"], cfg, tmp_path / "0", "hidden=16")])
@@ -306,9 +306,28 @@ def test_the_queue_names_the_data_set_its_workers_load_before_the_seal(tmp_path)
     assert loaded.x_train.shape[0] == 300
 
 
+def test_a_grid_queue_gives_its_workers_the_points_configs_before_the_tickets(tmp_path):
+    """A grid's queue, opened before the sweep's store is set up, holds its points' configs
+    (``ahead/``) long before their tickets: what a GPU worker starts the references from."""
+    from sweeper.points import Point
+    from sweeper.runners.warm import Queue
+    from tests.conftest import compose
+    from trainer.lifecycle.queue_files import AHEAD, TODO
+    from trainer.worker_points import load_values
+
+    cfg = compose(["hidden=24", "data.n_train=300", "check.steps=7"])
+    queue = Queue(tmp_path / "q", [Point(3, ["hidden=24"], cfg, tmp_path / "3", "hidden=24")])
+    queue.open()
+    assert not any((queue.dir / TODO).iterdir())  # no ticket yet
+    ahead = load_values(queue.dir / AHEAD / "3.json")
+    assert (ahead.hidden, ahead.data.n_train, ahead.check.steps) == (24, 300, "7")
+    assert ahead.check.cache_dir == cfg.check.cache_dir and ahead.seed == cfg.seed
+
+
 @pytest.mark.gpu
 def test_a_gpu_worker_prefetches_its_queued_points_references(tmp_path, mlflow_uri):
-    """On a GPU the worker starts every queued point's CPU reference when the queue is sealed: the
+    """On a GPU the worker starts every queued point's CPU reference once its data set is loaded,
+    from the configs its queue holds before the tickets (``ahead/``): the
     points after the first find theirs in the cache (written by the prefetch, or waited for), each
     run's check lands, and its error is the one a sweep without the prefetch gets (the cold run)."""
     if _gpus() < 1:

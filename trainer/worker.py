@@ -25,8 +25,6 @@ ends the worker too.
 from __future__ import annotations
 
 import argparse
-import functools
-import json
 import os
 import signal
 import socket
@@ -43,6 +41,7 @@ from trainer.ranks import parallel, sigterm
 from trainer.ranks.processes import run_then_exit
 from trainer.record import journal
 from trainer.warm_up import say, warm_up
+from trainer.worker_points import Datasets, load_point, prefetch_checks
 
 
 def requeued(status: int) -> bool:
@@ -50,58 +49,6 @@ def requeued(status: int) -> bool:
     from trainer.run import KILLED_STATUS
 
     return status == requeue.REQUEUE_STATUS or (status == KILLED_STATUS and requeue.by_slurm())
-
-
-def load_point(point_dir: Path) -> Any:
-    """The point's config as the sweeper planned it: its resolved values (data, never a pickle: a
-    file in a shared folder must not run code) merged into the typed schema, which checks every key
-    and type again (a few milliseconds; composing the YAML with Hydra takes tens)."""
-    from omegaconf import OmegaConf
-
-    with open(point_dir / queue_files.POINT_DATA) as f:
-        values = json.load(f)
-    cfg = OmegaConf.merge(_schema(), values)
-    OmegaConf.set_struct(cfg, True)  # as Hydra composes it: a key set later that does not exist is refused
-    return cfg
-
-
-@functools.cache
-def _schema_once() -> Any:
-    from omegaconf import OmegaConf
-
-    from trainer.config import TrainerConfig
-
-    return OmegaConf.structured(TrainerConfig)
-
-
-def _schema() -> Any:
-    """A fresh typed TrainerConfig (struct: an unknown key is refused), built once per worker."""
-    return _schema_once().copy()
-
-
-class Datasets:
-    """Data sets loaded once per worker: points that differ in the model share one."""
-
-    def __init__(self) -> None:
-        self.loaded: dict[tuple, Any] = {}
-
-    def get(self, cfg: Any) -> Any:
-        from trainer.run import load_data
-
-        if (key := queue_files.data_key(cfg)) not in self.loaded:
-            self.loaded[key] = load_data(cfg)
-        return self.loaded[key]
-
-    def preload(self, hint: str | None) -> None:
-        """Load the data set the sweeper's hint names (a point that needs it says what is wrong with it)."""
-        from trainer import data
-
-        try:
-            key = tuple(json.loads(hint)) if hint else None
-            if key is not None and key not in self.loaded:
-                self.loaded[key] = data.load(*key)
-        except Exception:  # a hint only: the point that needs the data set loads it again and says why
-            pass
 
 
 def serve(queue: Path, name: str, world: parallel.World) -> int:
@@ -144,11 +91,15 @@ def _serve(queue: Path, name: str, world: parallel.World, worker: str, waiting: 
     lease = leases.from_env(world.local_rank)
     datasets.preload(os.environ.get(queue_files.DATA_HINT))  # while the sweeper records the sweep
     _say(world, f"data loaded, {len(datasets.loaded)} set(s)")
+    ahead = (queue / queue_files.AHEAD).is_dir()  # a grid's: its references start before the tickets
+    if world.rank == 0 and ahead:
+        prefetch_checks(sorted((queue / queue_files.AHEAD).glob("*.json")), world, datasets)
     if not queue_files.wait_sealed(queue):
         return 0
     stream = queue_files.streaming(queue)
-    if world.rank == 0:
-        _prefetch_checks(queue, world, datasets)
+    if world.rank == 0 and not ahead:  # a search's first trials
+        tickets = sorted((queue / queue_files.TODO).iterdir())
+        prefetch_checks([Path(t.read_text().strip()) / queue_files.POINT_DATA for t in tickets], world, datasets)
     while True:
         if _settle(waiting, worker, block=False) == KILLED_STATUS:
             return KILLED_STATUS
@@ -178,25 +129,6 @@ def _next_ticket(queue: Path, world: parallel.World, waiting: list, worker: str)
     ok = queue_files.wait_ticket(queue, lambda: _settle(waiting, worker, block=False)) if world.rank == 0 else True
     parallel.wait_for_all(world.comm)  # the other ranks asleep meanwhile
     return bool(world.comm.bcast(ok))
-
-
-def _prefetch_checks(queue: Path, world: parallel.World, datasets: Datasets) -> None:
-    """On a GPU, the queued points' CPU references start now, on the cores the GPU leaves idle:
-    the last point's check no longer trails its training (trainer/lifecycle/check.py)."""
-    from trainer.lifecycle.check import prefetch
-    from trainer.ranks.backend import gpu_count, select
-    from trainer.run import schedule_of
-
-    if gpu_count() == 0:  # a CPU worker's references run after their points' timed batches, on its cores
-        return
-    for ticket in sorted((queue / queue_files.TODO).iterdir()):
-        try:
-            cfg = load_point(Path(ticket.read_text().strip()))
-            ds = datasets.loaded.get(queue_files.data_key(cfg))
-            if ds is not None and select(cfg.device, world.local_rank).kind == "gpu":
-                prefetch(cfg, ds, schedule_of(cfg))
-        except Exception:  # claimed meanwhile, or a point that will say itself what is wrong with it
-            continue
 
 
 def _next_point(

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from omegaconf import OmegaConf
+
 from sweeper import job_end
 from sweeper.point_job import PointFailedError
 from sweeper.runners.sbatch import SETUP_FAILED
@@ -25,6 +27,8 @@ from trainer.ranks.processes import owner
 if TYPE_CHECKING:
     from sweeper.points import Point
     from sweeper.runners.base import Job
+
+AHEAD_POINTS = 64  # a grid queue's first points whose configs its workers get before the tickets
 
 
 def queue_key(point: Point) -> tuple:
@@ -69,6 +73,9 @@ class Queue:
         (self.dir / protocol.OWNER).write_text(owner())
         if self.streaming:
             (self.dir / protocol.STREAMING).touch()
+            return
+        for p in self.points[:AHEAD_POINTS]:  # their references start before the tickets, on a GPU worker
+            protocol.write_ahead(self.dir, p.index, OmegaConf.to_container(p.trainer, resolve=True, enum_to_str=True))
 
     def put(self, point: Point) -> None:
         """A streaming queue's point's ticket, at once claimable (once)."""

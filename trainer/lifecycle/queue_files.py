@@ -31,6 +31,17 @@ POINT_DATA = "point.json"  # beside point.yaml, the config a cold job runs (swee
 RESULT = "result.json"
 TRAINED = "trained"  # the point's run ended with its training; its CPU check may still compute (a search tells it)
 DATA_HINT = "SWEEPSCALE_DATA"  # the queue's data set (data_key as JSON): loaded while the sweeper records
+AHEAD = "ahead"  # a grid's first points' configs (<n>.json), written at the queue's opening, before the tickets
+
+
+def write_ahead(queue: Path, index: int, values: dict[str, Any]) -> None:
+    """A point's config, before its ticket (and before the sweep's store is set up): a GPU worker
+    starts its CPU reference from it as soon as its data set is loaded (trainer/worker.py)."""
+    folder = queue / AHEAD
+    folder.mkdir(exist_ok=True)
+    tmp = folder / f".{index}.tmp"
+    tmp.write_text(json.dumps(values))
+    os.replace(tmp, folder / f"{index}.json")
 
 
 def write_ticket(queue: Path, index: int, point_dir: Path) -> None:

@@ -86,8 +86,11 @@ class Journal:
 
         head = self.header()
         exp_id = ensure_experiment(client, head["uri"], head["experiment"])
-        tag = head["tags"][HANDOFF_TAG]
-        found = client.search_runs([exp_id], f"tags.`{HANDOFF_TAG}` = '{tag}'", max_results=1)
+        tag, creating = head["tags"][HANDOFF_TAG], self.folder / f"{RUN}.creating"
+        found = []
+        if creating.exists():  # a sender died creating it: the run may exist
+            found = client.search_runs([exp_id], f"tags.`{HANDOFF_TAG}` = '{tag}'", max_results=1)
+        creating.touch()
         if found:
             run_id = found[0].info.run_id
         else:
@@ -96,6 +99,7 @@ class Journal:
         tmp = self.folder / f"{RUN}.tmp"
         tmp.write_text(run_id)
         os.replace(tmp, self.folder / RUN)
+        creating.unlink()
         return run_id
 
     def unsent(self) -> list[tuple[int, dict[str, Any]]]:
@@ -149,24 +153,29 @@ class Journal:
 
 
 def _grouped(lines: list[tuple[int, dict[str, Any]]]) -> Iterator[tuple[int, dict[str, Any]]]:
-    """Consecutive metrics lines as one (an epoch's each: one store write for many epochs), at most
-    BATCH values; every other line as it is. (offset after it, entry)."""
-    group: list[list[Any]] = []
+    """Consecutive metrics, params and tags lines as one ``batch`` (an epoch's each: one store write
+    for many epochs, a later tag overriding an earlier one), at most BATCH values; every other line
+    as it is. (offset after it, entry)."""
+    group: dict[str, Any] | None = None
     last = 0
     for offset, entry in lines:
-        if entry["op"] == "metrics" and group and len(group) < BATCH:
-            group += entry["metrics"]
-            last = offset
+        if entry["op"] not in ("metrics", "params", "tags"):
+            if group is not None:
+                yield last, group
+                group = None
+            yield offset, entry
             continue
-        if group:
-            yield last, {"op": "metrics", "metrics": group}
-            group = []
-        if entry["op"] == "metrics":
-            group, last = list(entry["metrics"]), offset
-            continue
-        yield offset, entry
-    if group:
-        yield last, {"op": "metrics", "metrics": group}
+        if group is not None and len(group["metrics"]) + len(group["params"]) + len(group["tags"]) >= BATCH:
+            yield last, group
+            group = None
+        if group is None:
+            group = {"op": "batch", "metrics": [], "params": {}, "tags": {}}
+        group["metrics"] += entry.get("metrics", [])
+        group["params"].update(entry.get("params", {}))
+        group["tags"].update(entry.get("tags", {}))
+        last = offset
+    if group is not None:
+        yield last, group
 
 
 def apply(client: Any, run_id: str, entry: dict[str, Any], files: Path) -> None:
@@ -174,7 +183,16 @@ def apply(client: Any, run_id: str, entry: dict[str, Any], files: Path) -> None:
     from mlflow.entities import Metric, Param, RunTag
 
     op = entry["op"]
-    if op == "metrics":
+    if op == "batch":  # several lines' (_grouped): params and tags first, at most 100 of each a call
+        metrics = [Metric(*m) for m in entry["metrics"]]
+        params = [Param(k, v) for k, v in entry["params"].items()]
+        tags = [RunTag(k, v) for k, v in entry["tags"].items()]
+        while params or tags or metrics:
+            p, t = params[:100], tags[:100]
+            m = metrics[: BATCH - len(p) - len(t)]
+            client.log_batch(run_id, metrics=m, params=p, tags=t)
+            params, tags, metrics = params[len(p) :], tags[len(t) :], metrics[len(m) :]
+    elif op == "metrics":
         metrics = [Metric(*m) for m in entry["metrics"]]
         for i in range(0, len(metrics), BATCH):
             client.log_batch(run_id, metrics=metrics[i : i + BATCH])

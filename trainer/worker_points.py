@@ -1,0 +1,89 @@
+"""What a warm worker knows of its points (trainer/worker.py): their configs, read from the JSON
+the sweeper wrote and checked by the typed schema; their data sets, loaded once; their CPU
+references, started ahead of their training on a GPU worker."""
+
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+from typing import Any
+
+from trainer.lifecycle import queue_files
+from trainer.ranks import parallel
+
+
+def load_point(point_dir: Path) -> Any:
+    """The point's config as the sweeper planned it: its resolved values (data, never a pickle: a
+    file in a shared folder must not run code) merged into the typed schema, which checks every key
+    and type again (a few milliseconds; composing the YAML with Hydra takes tens)."""
+    return load_values(point_dir / queue_files.POINT_DATA)
+
+
+def load_values(path: Path) -> Any:
+    """A trainer config from its resolved values in a JSON file, typed and checked (load_point)."""
+    from omegaconf import OmegaConf
+
+    with open(path) as f:
+        values = json.load(f)
+    cfg = OmegaConf.merge(_schema(), values)
+    OmegaConf.set_struct(cfg, True)  # as Hydra composes it: a key set later that does not exist is refused
+    return cfg
+
+
+@functools.cache
+def _schema_once() -> Any:
+    from omegaconf import OmegaConf
+
+    from trainer.config import TrainerConfig
+
+    return OmegaConf.structured(TrainerConfig)
+
+
+def _schema() -> Any:
+    """A fresh typed TrainerConfig (struct: an unknown key is refused), built once per worker."""
+    return _schema_once().copy()
+
+
+class Datasets:
+    """Data sets loaded once per worker: points that differ in the model share one."""
+
+    def __init__(self) -> None:
+        self.loaded: dict[tuple, Any] = {}
+
+    def get(self, cfg: Any) -> Any:
+        from trainer.run import load_data
+
+        if (key := queue_files.data_key(cfg)) not in self.loaded:
+            self.loaded[key] = load_data(cfg)
+        return self.loaded[key]
+
+    def preload(self, hint: str | None) -> None:
+        """Load the data set the sweeper's hint names (a point that needs it says what is wrong with it)."""
+        from trainer import data
+
+        try:
+            key = tuple(json.loads(hint)) if hint else None
+            if key is not None and key not in self.loaded:
+                self.loaded[key] = data.load(*key)
+        except Exception:  # a hint only: the point that needs the data set loads it again and says why
+            pass
+
+
+def prefetch_checks(configs: list[Path], world: parallel.World, datasets: Datasets) -> None:
+    """On a GPU, the CPU references of these points' configs (JSON values) start now, on the cores
+    the GPU leaves idle: the last point's check no longer trails its training (trainer/lifecycle/check.py)."""
+    from trainer.lifecycle.check import prefetch
+    from trainer.ranks.backend import gpu_count, select
+    from trainer.run import schedule_of
+
+    if gpu_count() == 0:  # a CPU worker's references run after their points' timed batches, on its cores
+        return
+    for path in configs:
+        try:
+            cfg = load_values(path)
+            ds = datasets.loaded.get(queue_files.data_key(cfg))
+            if ds is not None and select(cfg.device, world.local_rank).kind == "gpu":
+                prefetch(cfg, ds, schedule_of(cfg))
+        except Exception:  # claimed meanwhile, or a point that will say itself what is wrong with it
+            continue
