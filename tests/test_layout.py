@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # own floor and the floors below; the contracts are the ground floor, the doors the top.
 CONTRACTS = {"config", "options", "data", "idx", "limits", "override_checks", "metrics", "errors"}
 WINGS = ["core", "gpu", "ranks", "record", "lifecycle"]
-DOORS = {"run", "worker", "warm_up", "step", "__main__"}
+DOORS = {"run", "worker", "worker_points", "warm_up", "step", "__main__"}
 
 
 def modules(package: str) -> dict[str, Path]:

@@ -2,8 +2,9 @@
 
 At the top, the doors and the contracts. Doors: ``run`` (one run: ``python -m trainer``,
 ``__main__``), ``worker`` (a warm worker serving a queue of points: ``python -m trainer.worker``,
-its GPU warmed by ``warm_up``) and ``step`` (which step a run trains with). Contracts, which every
-wing may import: ``config`` (the typed config, its checks in ``limits`` and ``override_checks``),
+its GPU warmed by ``warm_up``, its points' configs, data sets and references in
+``worker_points``) and ``step`` (which step a run trains with). Contracts, which every wing may
+import: ``config`` (the typed config, its checks in ``limits`` and ``override_checks``),
 ``options`` (how the step runs), ``data`` (the data set, its file format in ``idx``), ``metrics``
 (the names a run records) and ``errors``.
 

@@ -73,8 +73,8 @@ def _send_handed_off(queue: Path, served: set[Path]) -> None:
     gone or silent for journal.HANDOFF_WAIT_S, by this worker (importing MLflow only then)."""
     deadline = time.monotonic() + journal.HANDOFF_WAIT_S
 
-    def left() -> list[Path]:
-        return [d for d in served if (d / journal.FILE).exists()]
+    def left() -> list[Path]:  # a tracking server's journals (a run id known) are not this wait's
+        return [d for d in served if (d / journal.FILE).exists() and journal.Journal(d).handed_off()]
 
     if left():  # (wait_for ends early where the sweeper, on this host, is gone)
         queue_files.wait_for(queue, lambda: not left() or time.monotonic() > deadline)

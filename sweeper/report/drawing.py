@@ -6,14 +6,17 @@ drawn here, in turn."""
 
 from __future__ import annotations
 
+import ctypes
 import multiprocessing
 import os
 import signal
+import sys
 from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor
 from typing import Any
 
 _pool: ProcessPoolExecutor | None = None
+PR_SET_PDEATHSIG = 1  # prctl(2)
 _workers = 0  # the pool's children
 _drawn = 0  # figures asked for so far
 
@@ -38,6 +41,10 @@ def warm_up(workers: int | None = None) -> None:
 
 
 def _imports() -> None:
+    if sys.platform == "linux":  # SIGTERM when the sweeper is gone (SIGKILLed, it shuts down no pool)
+        ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() == 1:  # gone before that
+            os._exit(0)
     import sweeper.report.convergence  # matplotlib and every figure's module
     import sweeper.report.roofline
     import sweeper.report.scaling  # noqa: F401

@@ -73,6 +73,13 @@ class Journal:
         with open(self.path) as f:
             return json.loads(f.readline())
 
+    def handed_off(self) -> bool:
+        """Whether this is a handed-off run's journal: its first line names no run."""
+        try:
+            return self.header()["run_id"] is None
+        except (OSError, ValueError):  # sent meanwhile, or its first line being written
+            return False
+
     def run_id(self) -> str | None:
         """The run's id: the first line's, or, for a handed-off run, the one its first sender created."""
         if (said := self.header()["run_id"]) is not None:
