@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 FILE, SENT, FILES = "journal.jsonl", "journal.sent", "journal_files"
-RUN, LOCK = "journal.run", "journal.lock"  # a handed-off run's id, once created; the senders' lock
+RUN = "journal.run"  # a handed-off run's id, once its first sender created it
 DONE = "journal.done.jsonl"  # a journal sent in full, kept: a sweep whose server is away reports from it
 DRAIN_S = float(os.environ.get("SWEEPSCALE_SPOOL_DRAIN_S", "30"))  # a run's end waits this long for the server
 RETRY_S = 2.0  # between attempts while the server is down

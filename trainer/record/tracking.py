@@ -197,10 +197,10 @@ class Recorder:
         self._send_tags()
         run_id = self._ready()
         queued = [m for m in self._metrics if (m[0], m[3]) not in self._logged]  # (key, value, ms, step)
-        self._metrics = []
-        if self.journal is not None:  # training goes on; the thread sends them
+        if self.journal is not None:  # training goes on; the thread (or the sweeper) sends them
             if queued:
                 self._write({"op": "metrics", "metrics": [list(m) for m in queued]})
+            self._metrics = []
             return
         from mlflow.entities import Metric
 
@@ -208,11 +208,12 @@ class Recorder:
         with sigterm.deferred():  # an epoch's write, whole: SIGTERM mostly lands here
             for i in range(0, len(metrics_), BATCH):
                 self.client.log_batch(run_id, metrics=metrics_[i : i + BATCH])
+        self._metrics = []  # kept where the store refused them: the failure path sends them again
 
     def log_text(self, text: str, name: str) -> None:
-        run_id = self._ready()
         if self.journal is not None:
             return self._write({"op": "text", "text": text, "name": name})
+        run_id = self._ready()
         with sigterm.deferred():
             self.client.log_text(run_id, text, name)
 
