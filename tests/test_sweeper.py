@@ -251,10 +251,23 @@ def local_jobs(folder: Path) -> list[int]:
     return [int(d.name) for d in folder.glob("multirun/*/*/.submitit/*") if d.name.isdigit()]
 
 
+def drawing_children(pid: int) -> list[int]:
+    """The report's drawing processes a sweeper started (multiprocessing's spawned children)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            if ppid == pid and b"spawn_main" in (stat.parent / "cmdline").read_bytes():
+                found.append(int(stat.parent.name))
+        except (OSError, IndexError, ValueError):  # ended meanwhile
+            continue
+    return found
+
+
 def test_local_jobs_end_their_runs_when_the_sweeper_is_killed(tmp_path, mlflow_uri):
     """Local jobs run in sessions of their own (a terminal's Ctrl-C reaches the sweeper alone), yet
-    end with it: the sweeper SIGKILLed alone, each job's trainer ends its run KILLED, no job lives
-    on to train beside the next sweep; the next sweep closes the parent."""
+    end with it: the sweeper SIGKILLed alone, each job's trainer ends its run KILLED, no job (nor
+    the report's drawing children) lives on; the next sweep closes the parent."""
     runs(mlflow_uri)  # create the store first: polling must not race the sweeper's schema set-up
     cmd = [sys.executable, "-m", "sweeper", "-m", "hidden=8,16", "epochs=100000", "data.n_train=200"]
     proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
@@ -266,12 +279,15 @@ def test_local_jobs_end_their_runs_when_the_sweeper_is_killed(tmp_path, mlflow_u
         time.sleep(0.5)
     jobs = local_jobs(tmp_path)
     assert jobs
+    drawers = drawing_children(proc.pid)
+    assert drawers  # started with the runs
     proc.kill()  # the sweeper alone
     proc.wait()
     deadline = time.time() + 60
-    while time.time() < deadline and any(Path(f"/proc/{j}").exists() for j in jobs):
+    while time.time() < deadline and any(Path(f"/proc/{j}").exists() for j in jobs + drawers):
         time.sleep(0.5)
     assert not [j for j in jobs if Path(f"/proc/{j}").exists()], "a local job outlived its sweeper"
+    assert not [d for d in drawers if Path(f"/proc/{d}").exists()], "a drawing child outlived its sweeper"
     kids = [r for r in runs(mlflow_uri) if "mlflow.parentRunId" in r.data.tags]
     assert sorted(r.info.status for r in kids) == ["KILLED", "KILLED"], [r.info.status for r in kids]
     result = sweep(["hidden=8", *FAST], tmp_path)

@@ -7,6 +7,7 @@ page. Outside a git checkout (an installed wheel, a copied tree) the git tags ar
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import subprocess
@@ -62,7 +63,13 @@ def package_version() -> str:
 
 def code_tags() -> dict[str, str]:
     """MLflow tags naming the code: the package version, and where it is a git checkout its commit
-    (``mlflow.source.git.commit``) and whether the work tree differs from it (``sweepscale.git_dirty``)."""
+    (``mlflow.source.git.commit``) and whether the work tree differs from it (``sweepscale.git_dirty``).
+    Asked once per process (three git commands): a warm worker's points ran the code it loaded."""
+    return dict(_code_tags())
+
+
+@functools.cache
+def _code_tags() -> dict[str, str]:
     tags = {metrics.TAG_VERSION: package_version()}
     state = git_state()
     if state is not None:
