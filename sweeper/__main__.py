@@ -40,5 +40,10 @@ if __name__ == "__main__":
         print(f"Error: {e}", file=sys.stderr)
         sys.exit(2)
     if "-m" in sys.argv and not FLAGS_WITHOUT_STORE.intersection(sys.argv):
+        # Modules both threads import, first here: two threads importing the modules of an import
+        # cycle at once can fail in one ("_DeadlockError ... importlib.resources.abc", seen once).
+        import importlib.metadata
+        import importlib.resources.abc  # noqa: F401
+
         store.open_ahead()  # MLflow's import (seconds) beside Hydra's composition, not after it
     run_then_exit(main)  # without Python's teardown: a second of the command's time

@@ -21,8 +21,9 @@ class HandoffSender:
 
     def __init__(self, record: SweepRecord, poll_s: float) -> None:
         self.record, self.poll_s = record, poll_s
-        self.running: dict[int, Path] = {}
-        self.ended: set[int] = set()
+        self.running: list[Path] = []
+        self.ended: list[Path] = []  # points ended since the last send: their journals once more
+        self.told: set[int] = set()  # the ended points already in ``ended`` once
         self.lock = threading.Lock()
         self.stopped = threading.Event()
         self.thread = threading.Thread(target=self._run, name="handoff-sender", daemon=True)
@@ -31,17 +32,17 @@ class HandoffSender:
 
     def __call__(self, flight: Flight) -> None:
         with self.lock:
-            self.running.update({i: p.dir for i, (p, _job) in flight.running.items()})
-            self.ended.update(i for i in self.running if i in flight.finished)
+            self.running = [p.dir for p, _job in flight.running.values()]
+            for i in flight.finished.keys() - self.told:  # also those that started and ended between two steps
+                self.told.add(i)
+                if i in flight.started:
+                    self.ended.append(flight.started[i].dir)
 
     def _run(self) -> None:
         while not self.stopped.wait(self.poll_s):
             with self.lock:
-                folders, ended = list(self.running.values()), [self.running[i] for i in self.ended]
-                for i in self.ended:
-                    del self.running[i]
-                self.ended.clear()
-            self.record.send_handed_off(folders + [f for f in ended if f not in folders])
+                folders, self.ended = self.running + [f for f in self.ended if f not in self.running], []
+            self.record.send_handed_off(folders)
 
     def stop(self) -> None:
         """No more sends from the thread (the sweep's end sends what is left)."""

@@ -19,6 +19,7 @@ from omegaconf import DictConfig
 from sweeper import display, offline_report, records, search_flow, timeline
 from sweeper.collect import close_runs, spent
 from sweeper.config import validate_sweep
+from sweeper.early_report import EarlyReport
 from sweeper.handoff import HandoffSender
 from sweeper.plan import plan
 from sweeper.point_files import prepare
@@ -29,7 +30,7 @@ from sweeper.runners.base import Runner, SchedulerAwayError, make_runner
 from sweeper.runners.earlier import EarlierJob
 from sweeper.runners.warm import withdraw_unclaimed
 from sweeper.timeline import phase
-from sweeper.watch import watch
+from sweeper.watch import Flight, watch
 from trainer import data, limits, metrics
 from trainer.core.clock import process_start
 from trainer.record import journal, provenance, store, uri_check
@@ -76,18 +77,27 @@ def run_sweep(
     if search is not None:  # a worker per shape the space holds starts meanwhile
         with phase("study: first trials"):
             points = search_flow.first(search, runner)
-    record = None
+    record, early = None, None
     try:
+        drawing.warm_up(early=True)  # the report's drawing children, where cores are left idle
         with phase("store: parent run, resume"):
             record = SweepRecord(uri, store.experiment_name(base.mlflow.experiment))
             todo, done_before, earlier = open_sweep(record, runner, sweep_id, points, sweep_dir, overrides, opts.force)
         with phase("runs"):
-            drawing.warm_up()  # the report's drawers start beside the runs
+            drawing.warm_up()  # or now, and the report's modules imported here while the points run
+            drawing.warm_up_here()
             more = None if search is None else search_flow.feed(search, record, runner, sweep_id, done_before)
             total = len(points) if search is None else search.opts.n_trials
             sender = HandoffSender(record, opts.poll_s)
+            early = EarlyReport(record, sweep_dir / "report", base.report.target) if search is None else None
+
+            def each(flight: Flight) -> None:  # after every step of the watch
+                sender(flight)
+                if early is not None:
+                    early(flight)
+
             try:
-                flight = watch(runner, todo, total, len(done_before), opts.poll_s, earlier, more, sender)
+                flight = watch(runner, todo, total, len(done_before), opts.poll_s, earlier, more, each)
             finally:
                 sender.stop()
             if search is not None:
@@ -105,6 +115,8 @@ def run_sweep(
         ok = all(o.status in display.ENDED_WELL for o in outcomes)
     with phase("report"):
         ended = "KILLED" if flight.interrupted else "FINISHED" if ok else "FAILED"
+        if early is not None:
+            early.wait()
         report = write_report(record, sweep_dir, base.report.target, offline=None if away is None else ended)
         drawing.stop()
     display.summary(outcomes, report)  # with the report's speedups, diverged points and best
@@ -257,6 +269,7 @@ def write_report(record: SweepRecord, sweep_dir: Path, target: float | None = No
     """The study report of what finished (also after Ctrl-C), or None: a failure here fails no point.
     ``offline``: the tracking server is away; the report comes from the points' journals, the
     parent ended so (sweeper/offline_report.py)."""
+    drawing.imported()  # the report's modules, imported in a thread while the points ran
     from sweeper.report import report_for
 
     folder = sweep_dir / "report"

@@ -29,6 +29,7 @@ class Flight:
     logs: dict[int, str] = field(default_factory=dict)  # index -> the job's stderr, linked in its folder
     interrupted: bool = False
     earlier: set[int] = field(default_factory=set)  # points an earlier sweep's job trains: not the runner's
+    started: dict[int, Point] = field(default_factory=dict)  # every point started, by index (also those ended)
 
 
 def watch(
@@ -47,6 +48,7 @@ def watch(
     it gives none and nothing is queued or running. ``each``: called after every step (the runs
     warm workers handed off, sent)."""
     flight = Flight(list(todo), running=dict(earlier or {}), earlier=set(earlier or {}))
+    flight.started = {i: p for i, (p, _job) in flight.running.items()}
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         with display.Progress(total) as progress:
@@ -89,6 +91,7 @@ def step(runner: Runner, flight: Flight) -> None:
     """Start what can start, then collect what ended and give its resources back."""
     for p, job in runner.start(flight.queued):
         flight.running[p.index] = (p, job)
+        flight.started[p.index] = p
         flight.logs[p.index] = link_logs(p, job)
     for index, (_p, job) in list(flight.running.items()):
         if job.done():

@@ -4,6 +4,7 @@ killed. Real runs on real ranks, real spawned children, a real SQLite store."""
 
 from __future__ import annotations
 
+import csv
 import fcntl
 import json
 import os
@@ -16,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.test_sweeper import FAST, children_of, parents, sweep
+from tests.test_sweeper import FAST, children_of, parents, runs, sweep
 from tests.test_trainer_runs import COMMON, final_weights, only_run, trainer
 from trainer import data, metrics
 from trainer.core import model, reference
@@ -273,6 +274,11 @@ def test_two_processes_needing_one_reference_compute_it_once(idx_dir, tmp_path):
 
 def block_reference(cache: Path, overrides: list[str]) -> None:
     """Make the reference of this config fail: its lock file's path is a folder."""
+    (cache / f"{reference_key(overrides)}.lock").mkdir(parents=True)
+
+
+def reference_key(overrides: list[str]) -> str:
+    """The reference cache's key of the trainer config these overrides make."""
     from tests.conftest import compose
     from trainer.config import check_steps
     from trainer.run import load_data, schedule_of
@@ -281,11 +287,10 @@ def block_reference(cache: Path, overrides: list[str]) -> None:
     ds = load_data(cfg)
     layout, schedule = model.Layout(D=ds.n_features, H=cfg.hidden), schedule_of(cfg)
     steps = reference.steps_of(check_steps(cfg.check.steps), len(ds.y_train), schedule)
-    key = reference.cache_key(
+    return reference.cache_key(
         layout, schedule, cfg.dtype.value, cfg.seed, ds.fingerprint(), init=cfg.model.init.value,
         scale=cfg.data.scale.value, steps=steps,
     )  # fmt: skip
-    (cache / f"{key}.lock").mkdir(parents=True)
 
 
 def test_a_failing_check_leaves_the_run_finished(idx_dir, mlflow_uri, tmp_path):
@@ -325,3 +330,62 @@ def test_a_warm_worker_writes_each_result_once_its_check_landed(mlflow_uri, tmp_
         rows["hidden=24"]["check"].startswith("failed: IsADirectoryError") and not rows["hidden=24"]["weight_error_max"]
     )
     assert rows["hidden=16"]["check"] == "done" and float(rows["hidden=16"]["weight_error_max"]) < 1e-5
+
+
+def test_references_share_the_cores_by_the_work_they_have_left(tmp_path, monkeypatch):
+    """Three references computing on this host (live processes' markers) split the cores the GPUs
+    leave in proportion to their work left; a dead process's marker is cleared and counts for none."""
+    monkeypatch.setenv(reference_jobs.CORES_ENV, "15")
+    monkeypatch.setattr(reference_jobs, "visible_gpus", lambda: 1)  # one core kept for a GPU's rank: 14 shared
+    others = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]) for _ in range(2)]
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    try:
+        folder = tmp_path / reference_jobs.RUNNING
+        folder.mkdir()
+        host = reference_jobs.socket.gethostname()
+        for p, work in zip([*others, dead], (1000, 2000, 9000)):
+            (folder / f"{host}.{p.pid}").write_text(str(work))
+        with reference_jobs._Running(tmp_path) as mine:
+            assert mine.share(4000) == 8  # 14 x 4000 / 7000
+            assert not (folder / f"{host}.{dead.pid}").exists()
+            (folder / f"{host}.{others[1].pid}").unlink()  # H=1024's reference ended
+            assert mine.share(3000) == 10  # 14 x 3000 / 4000
+            assert (folder / f"{host}.{os.getpid()}").read_text() == "3000"
+        assert not (folder / f"{host}.{os.getpid()}").exists()
+    finally:
+        for p in others:
+            p.kill()
+            p.wait()
+
+
+def test_the_reports_figures_are_drawn_while_the_last_check_lands(mlflow_uri, tmp_path):
+    """A sweep whose every point has trained while a check still computes draws its report then;
+    once the check lands, its report draws only the weight error again (the others are kept), and
+    carries the error; the run is FINISHED and its check done."""
+    point = ["hidden=16", *FAST, f"check.cache_dir={tmp_path / 'refs'}", "lr=0.5"]
+    runs_of_sweep = lambda: [r for r in runs(mlflow_uri) if "mlflow.parentRunId" in r.data.tags]  # noqa: E731
+    lock = hold_lock(tmp_path / "refs", reference_key(point))
+    cmd = [sys.executable, "-m", "sweeper", "-m", *point[:-1], "lr=0.05,0.5"]  # the held point last
+    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        drawn = wait_for(lambda: next(tmp_path.glob("multirun/*/*/report/convergence.png"), None), proc=proc)
+        assert proc.poll() is None  # the sweep waits for the held check
+        held = next(r for r in runs_of_sweep() if r.data.params["lr"] == "0.5")
+        assert held.info.status == "FINISHED" and held.data.tags[metrics.TAG_CHECK] == "pending"
+        mtime = drawn.stat().st_mtime_ns
+        time.sleep(0.5)
+    finally:
+        lock.close()
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out
+    assert drawn.stat().st_mtime_ns == mtime  # not drawn again
+    kids = runs_of_sweep()
+    assert len(kids) == 2 and {r.info.status for r in kids} == {"FINISHED"}
+    assert {r.data.tags[metrics.TAG_CHECK] for r in kids} == {"done"}
+    assert all(metrics.weight_error("max") in r.data.metrics for r in kids)
+    folder = drawn.parent
+    rows = {r["point"]: r for r in csv.DictReader((folder / "points.csv").read_text().splitlines())}
+    assert all(r["check"] == "done" and r["weight_error_max"] != "" for r in rows.values()), rows
+    phases = [p["phase"] for p in json.loads((folder.parent / "timeline.json").read_text())["phases"]]
+    assert "report: figures while the checks land" in phases

@@ -155,3 +155,60 @@ def test_a_sweep_whose_workers_never_load_mlflow_records_every_run(tmp_path, mlf
         )
         arts = {a.path for a in store.client(mlflow_uri).list_artifacts(r.info.run_id)}
         assert arts == {a.path for a in store.client(direct_uri).list_artifacts(d.info.run_id)}
+
+
+def test_the_sweepers_sender_sends_a_run_that_started_and_ended_between_two_looks(mlflow_uri, tmp_path):
+    """A tiny point can be claimed, trained and ended between two steps of the watch, never seen
+    running: its journal is still sent by the sweeper's thread, not left for the sweep's end."""
+    from sweeper.handoff import HandoffSender
+    from sweeper.points import Point
+    from sweeper.records import SweepRecord
+    from sweeper.watch import Flight
+
+    folder = tmp_path / "0"
+    folder.mkdir()
+    recorder = tracking.Recorder(mlflow_uri, "e", "p", dict, lambda r: None, background=True, handoff=str(folder))
+    recorder.metric(metrics.TRAIN_LOSS, 0.5, 0)
+    recorder.finish("FINISHED")
+    point = Point(index=0, overrides=[], trainer=None, dir=folder)  # only its index and folder are read here
+    sender = HandoffSender(SweepRecord(mlflow_uri, "e"), poll_s=0.05)
+    try:
+        sender(Flight(queued=[], finished={0: None}, started={0: point}))  # ended before any look saw it run
+        for _ in range(100):
+            if (folder / journal.DONE).exists():
+                break
+            threading.Event().wait(0.05)
+    finally:
+        sender.stop()
+    assert (folder / journal.DONE).exists() and not (folder / journal.FILE).exists()
+    run = store.client(mlflow_uri).get_run((folder / journal.RUN).read_text())
+    assert run.info.status == "FINISHED" and run.data.metrics[metrics.TRAIN_LOSS] == 0.5
+
+
+def test_a_journal_caught_up_at_once_is_one_batch_then_its_other_lines():
+    """Unsent lines go in chunks of at most journal.BATCH values: one store write of the chunk's
+    metrics, params and tags (a later tag winning), then its texts and its end in their order; the
+    offset noted is the chunk's last line's."""
+    lines = [
+        (10, {"op": "run"}),
+        (20, {"op": "params", "params": {"hidden": "16"}}),
+        (30, {"op": "text", "text": "x", "name": "config.yaml"}),
+        (40, {"op": "tags", "tags": {"check": "pending"}}),
+        (50, {"op": "metrics", "metrics": [["loss", 1.0, 5, 0]]}),
+        (60, {"op": "end", "status": "FINISHED", "close": False}),
+        (70, {"op": "tags", "tags": {"check": "done"}}),
+        (80, {"op": "metrics", "metrics": [["err", 1e-6, 9, 0]]}),
+        (90, {"op": "close"}),
+    ]
+    [(offset, entries)] = list(journal._chunks(lines))
+    assert offset == 90 and [e["op"] for e in entries] == ["batch", "run", "text", "end", "close"]
+    assert entries[0] == {
+        "op": "batch",
+        "metrics": [["loss", 1.0, 5, 0], ["err", 1e-6, 9, 0]],
+        "params": {"hidden": "16"},
+        "tags": {"check": "done"},
+    }
+    big = [(i + 1, {"op": "metrics", "metrics": [["m", 0.0, 0, 600 * i + j] for j in range(600)]}) for i in range(3)]
+    chunks = list(journal._chunks(big))  # 1800 values: no chunk over BATCH (1000) but a line's own
+    assert [(o, len(e[0]["metrics"])) for o, e in chunks] == [(1, 600), (2, 600), (3, 600)]
+    assert list(journal._chunks([])) == []

@@ -78,6 +78,9 @@ TAG_RESTARTS = "sweepscale.restarts"
 # or "abandoned: why" (the run's status stays what its training earned).
 TAG_CHECK_STEPS = "sweepscale.check_steps"
 TAG_CHECK = "sweepscale.check"
+TAG_REFERENCE = "sweepscale.reference"  # computed, or cached
+TAG_REFERENCE_KEY = "sweepscale.reference_key"
+CHECK_PREFIX = "check/"  # the check's metrics: the weight errors
 # Seconds from the process's start (cold) or the point's claim (warm) to its first batch.
 TIME_TO_FIRST_BATCH = "time/to_first_batch_s"
 # What else ran while the batches were timed (trainer/ranks/contention.py): how many other runs of the host,
@@ -102,4 +105,4 @@ def phase_quantile(phase: str, which: str) -> str:
 
 def weight_error(name: str) -> str:
     """Relative Frobenius error of parameter ``name`` (or 'max') against the CPU reference."""
-    return f"check/weight_rel_error/{name}"
+    return f"{CHECK_PREFIX}weight_rel_error/{name}"

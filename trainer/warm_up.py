@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from trainer.ranks import lease as leases
@@ -18,12 +19,15 @@ from trainer.record import journal, store
 CONF = Path(__file__).resolve().parents[1] / "conf"
 
 
-def warm_up(world: parallel.World) -> None:
-    """A warm worker's, before its first point (rank 0 records: it alone opens the sweep's store)."""
+def warm_up(world: parallel.World, before_gpu: Callable[[], None] = lambda: None) -> None:
+    """A warm worker's, before its first point (rank 0 records: it alone opens the sweep's store).
+    ``before_gpu``: what the worker does first once its modules are in (its data set, the references
+    started ahead), so that it overlaps the GPU's warm-up."""
     if world.rank == 0 and not hands_off(world):
         store.open_ahead(os.environ.get(store.AHEAD), then=lambda: say("store open"))
     import trainer.run  # noqa: F401
 
+    before_gpu()
     lease = leases.from_env(world.local_rank)
     if lease is not None and lease.on_gpu:  # a GPU worker of the local runner
         try:

@@ -51,7 +51,23 @@ def requeued(status: int) -> bool:
     return status == requeue.REQUEUE_STATUS or (status == KILLED_STATUS and requeue.by_slurm())
 
 
-def serve(queue: Path, name: str, world: parallel.World) -> int:
+def load_ahead(queue: Path, world: parallel.World, datasets: Datasets) -> None:
+    """The data set the sweeper names, loaded; on rank 0 of a GPU worker, the CPU references of a
+    grid's first points started (the configs the queue holds before its tickets). Done before the
+    GPU's warm-up, which the references then overlap on the cores it leaves."""
+    from trainer.lifecycle import reference_jobs
+    from trainer.ranks.backend import visible_gpus
+
+    ahead = sorted((queue / queue_files.AHEAD).glob("*.json")) if world.rank == 0 else []
+    if ahead and visible_gpus():
+        reference_jobs.warm()  # their processes import NumPy while the data set loads
+    datasets.preload(os.environ.get(queue_files.DATA_HINT))  # while the sweeper records the sweep
+    _say(world, f"data loaded, {len(datasets.loaded)} set(s)")
+    if ahead and (started := prefetch_checks(ahead, datasets)):
+        _say(world, f"{started} reference(s) started")
+
+
+def serve(queue: Path, name: str, world: parallel.World, datasets: Datasets) -> int:
     """Train the queue's points until it is empty (0) or a point ended KILLED (its status)."""
     from trainer.lifecycle import reference_jobs
 
@@ -59,7 +75,7 @@ def serve(queue: Path, name: str, world: parallel.World) -> int:
     waiting: list[tuple[Path, float, Any]] = []  # rank 0's trained points whose check is still computing
     served: set[Path] = set()  # the points this process claimed
     try:
-        return _serve(queue, name, world, worker, waiting, served)
+        return _serve(queue, name, world, datasets, worker, waiting, served)
     finally:  # SIGTERM, Ctrl-C or a bug: the runs ended FINISHED with their training; their checks are abandoned
         for point_dir, claimed_at, pending in waiting:
             pending.abandon()
@@ -83,23 +99,19 @@ def _send_handed_off(queue: Path, served: set[Path]) -> None:
             print(f"worker: run of {path.parent.name} {what}", file=sys.stderr, flush=True)
 
 
-def _serve(queue: Path, name: str, world: parallel.World, worker: str, waiting: list, served: set[Path]) -> int:
+def _serve(
+    queue: Path, name: str, world: parallel.World, datasets: Datasets, worker: str, waiting: list, served: set[Path]
+) -> int:
     from trainer.run import KILLED_STATUS
 
-    datasets = Datasets()
     tf32 = policy.tf32_here()  # one GEMM mode per worker
     lease = leases.from_env(world.local_rank)
-    datasets.preload(os.environ.get(queue_files.DATA_HINT))  # while the sweeper records the sweep
-    _say(world, f"data loaded, {len(datasets.loaded)} set(s)")
-    ahead = (queue / queue_files.AHEAD).is_dir()  # a grid's: its references start before the tickets
-    if world.rank == 0 and ahead:
-        prefetch_checks(sorted((queue / queue_files.AHEAD).glob("*.json")), world, datasets)
     if not queue_files.wait_sealed(queue):
         return 0
     stream = queue_files.streaming(queue)
-    if world.rank == 0 and not ahead:  # a search's first trials
+    if world.rank == 0 and not (queue / queue_files.AHEAD).is_dir():  # a search's first trials
         tickets = sorted((queue / queue_files.TODO).iterdir())
-        prefetch_checks([Path(t.read_text().strip()) / queue_files.POINT_DATA for t in tickets], world, datasets)
+        prefetch_checks([Path(t.read_text().strip()) / queue_files.POINT_DATA for t in tickets], datasets)
     while True:
         if _settle(waiting, worker, block=False) == KILLED_STATUS:
             return KILLED_STATUS
@@ -212,15 +224,20 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _terminate)
     requeue.arm()  # a warning between points: the worker ends and its requeued job serves the rest
     world = parallel.join_world(args.nproc)
-    warm_up(world)
-    _say(world, "warmed up")
+    queue, datasets = args.queue.resolve(), Datasets()
+    from trainer.lifecycle import reference_jobs
     from trainer.ranks.sigterm import Terminated
-    from trainer.run import KILLED_STATUS
 
     try:
-        return serve(args.queue.resolve(), args.name, world)
+        warm_up(world, before_gpu=lambda: load_ahead(queue, world, datasets))
+        _say(world, "warmed up")
+        return serve(queue, args.name, world, datasets)
     except (KeyboardInterrupt, Terminated):  # SIGTERM or Ctrl-C between points: no run to end
+        from trainer.run import KILLED_STATUS
+
         return KILLED_STATUS
+    finally:  # references started ahead of a warm-up that was interrupted
+        reference_jobs.shutdown()
 
 
 def _say(world: parallel.World, what: str) -> None:

@@ -1,32 +1,40 @@
 """The report's figures drawn side by side in child processes: each figure is a few hundred
-milliseconds of matplotlib, and a report has up to eight. The sweep starts the pool while its
-points run (:func:`warm_up`: the children import matplotlib meanwhile), a child a core in two
-(one on two cores: the sweeper draws every other figure meanwhile); without it, each figure is
-drawn here, in turn."""
+milliseconds of matplotlib, and a report has up to eight. The sweep starts the pool with its
+workers where cores are idle then, else with its runs (:func:`warm_up`: the children import
+matplotlib meanwhile), a child a core in two (one on two cores: the sweeper draws every other
+figure meanwhile); without it, each figure is drawn here, in turn."""
 
 from __future__ import annotations
 
 import ctypes
 import multiprocessing
 import os
+import pickle
 import signal
 import sys
+import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor
 from typing import Any
 
 _pool: ProcessPoolExecutor | None = None
+# From this many cores the drawing children start before the store is open, the sweeper's imports with the runs.
+EARLY_CORES = 8
 PR_SET_PDEATHSIG = 1  # prctl(2)
 _workers = 0  # the pool's children
 _drawn = 0  # figures asked for so far
+_made: list[tuple[Callable[..., Any], tuple, Future[Any]]] = []  # every figure asked for: function, arguments, result
+_here: threading.Thread | None = None  # the sweeper's own import of the report's modules, begun with the runs
 
 
-def warm_up(workers: int | None = None) -> None:
-    """Start the children (a core in two, at most 4) and have them import what drawing needs; the
-    sweeper draws a figure in every ``n + 1`` itself. On one core none."""
+def warm_up(workers: int | None = None, early: bool = False) -> None:
+    """Start the children (a core in two, at most 4) and have them import what drawing needs. On
+    one core none. ``early``: only where the machine has ``EARLY_CORES`` or more (a GPU machine: the
+    workers' start-up and MLflow's import leave most idle); on fewer they would take the cores that
+    MLflow's import, which the sweep's first points wait for, needs."""
     global _pool, _workers
     n = workers or min(4, (os.cpu_count() or 1) // 2)
-    if _pool is not None or n < 1:
+    if _pool is not None or n < 1 or (early and (os.cpu_count() or 1) < EARLY_CORES):
         return
     _workers = n
     # The children start with SIGINT ignored (an ignored signal stays so across exec): a terminal's
@@ -38,6 +46,37 @@ def warm_up(workers: int | None = None) -> None:
             _pool.submit(int)  # each child starts, and imports, now
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def warm_up_here() -> None:
+    """The sweeper draws a figure in every ``n + 1`` itself (all of them without children): import
+    the report's modules here too, in a thread (matplotlib's pyplot alone is half a second), once
+    the store is open (MLflow's import, before, is what the sweep's first points wait for). Only
+    from ``EARLY_CORES``: on fewer, the cores are the workers' while the points run."""
+    global _here
+    if _here is None and (os.cpu_count() or 1) >= EARLY_CORES:
+        _here = threading.Thread(target=_imports_here, name="report-imports", daemon=True)
+        _here.start()
+
+
+def imported() -> None:
+    """Wait for :func:`warm_up_here`'s imports: a thread that imports the report meanwhile could
+    meet them half done (two threads importing one import cycle at once can fail in one)."""
+    if _here is not None:
+        _here.join()
+
+
+def _imports_here() -> None:
+    try:
+        import sweeper.report.convergence  # matplotlib and every figure's module, as in the children
+        import sweeper.report.page  # jinja2
+        import sweeper.report.roofline
+        import sweeper.report.scaling
+        import sweeper.report.time_to_target  # noqa: F401
+
+        _draw_once()
+    except Exception:  # the report says what is wrong when it is built
+        pass
 
 
 def _imports() -> None:
@@ -70,9 +109,30 @@ def _draw_once() -> None:
 
 def draw(fn: Callable[..., Any], *args: Any) -> Future[Any]:
     """``fn(*args)`` in a child where the pool runs (but one figure in every ``n + 1``, drawn here
-    while the children draw theirs), else here; its result as a future either way."""
+    while the children draw theirs), else here; its result as a future either way. A figure this
+    process drew before with equal arguments (its file among them) is not drawn again: the report
+    built while the checks landed (sweeper/early_report.py) drew it."""
+    for made_fn, made_args, made in _made:
+        if made_fn is fn and made.done() and made.exception() is None and _equal(made_args, args):
+            return made
+    future = _draw(fn, *args)
+    _made.append((fn, args, future))
+    return future
+
+
+def _equal(a: tuple, b: tuple) -> bool:
+    """Equal arguments: by ``==``, or by their pickles (a NaN read twice from the store is two
+    objects that ``==`` calls unequal)."""
+    try:
+        return bool(a == b) or pickle.dumps(a) == pickle.dumps(b)
+    except Exception:  # an argument whose == is no yes or no (an array), or that does not pickle: drawn again
+        return False
+
+
+def _draw(fn: Callable[..., Any], *args: Any) -> Future[Any]:
     global _drawn
     _drawn += 1
+    imported()  # and pyplot is not drawn from two threads at once
     if _pool is not None and _drawn % (_workers + 1):
         return _pool.submit(fn, *args)
     future: Future[Any] = Future()

@@ -64,20 +64,22 @@ def build(study: Study, folder: Path, target: float | None = None) -> Report:
     every_axis = analysis.axes([p.config for p in study.points], order)
     points = sorted(study.points, key=lambda p: [_sort_key(p.get(k)) for k in every_axis])
     finished = [p for p in points if p.status == "FINISHED"]
+    # What every figure but the weight error's reads: a figure drawn while the checks landed is kept.
+    drawable = [p.without_check() for p in finished]
     configs = [p.config for p in finished]
     axis = analysis.axes(configs, order)  # what varies among the points that can be drawn
     drawn: dict[str, Any] = {}  # caption -> the figure's future (drawing.py draws them side by side)
     if finished:
         drawn["Training loss of every point"] = draw(
-            convergence.loss_curves, finished, axis, folder / "convergence.png"
+            convergence.loss_curves, drawable, axis, folder / "convergence.png"
         )
         drawn["Precision and final values"] = draw(
-            convergence.precision_and_finals, finished, axis, folder / "finals.png"
+            convergence.precision_and_finals, drawable, axis, folder / "finals.png"
         )
         drawn["Weight error against the CPU reference"] = draw(
             convergence.weight_error, finished, axis, folder / "weight_error.png"
         )
-    fams = [(f, families.family_rows(finished, f)) for f in families.families(configs, order)]
+    fams = [(f, families.family_rows(drawable, f)) for f in families.families(configs, order)]
     for kind in ("strong", "weak"):
         mine = [(f, rows) for f, rows in fams if f.kind == kind]
         if mine:
@@ -89,10 +91,10 @@ def build(study: Study, folder: Path, target: float | None = None) -> Report:
     studies = families.batch_studies(configs, order)
     if studies:
         drawn["Batch size: regimes of data parallelism"] = draw(
-            scaling.regimes_figure, finished, studies, folder / "regimes.png"
+            scaling.regimes_figure, drawable, studies, folder / "regimes.png"
         )
-    target = time_to_target.default_target(finished) if target is None else target
-    reaching = time_to_target.rows(finished, target, order) if target is not None else []
+    target = time_to_target.default_target(drawable) if target is None else target
+    reaching = time_to_target.rows(drawable, target, order) if target is not None else []
     if reaching:  # a sweep over nproc: how long each took to the target, against its ranks
         write_csv(time_to_target.csv_rows(reaching, target), folder / "time_to_target.csv")
         drawn["Time to accuracy against GPUs"] = draw(
@@ -103,7 +105,7 @@ def build(study: Study, folder: Path, target: float | None = None) -> Report:
             s = sweep.search
             drawn["Search: objective by trial"] = draw(search_progress.figure, points, s, folder / "search.png")
             break
-    drawn["Roofline"] = draw(roofline_figure, finished, folder / "roofline.png")
+    drawn["Roofline"] = draw(roofline_figure, drawable, folder / "roofline.png")
     regimes: dict[str, list] = {}
     for caption, future in drawn.items():
         made = future.result()

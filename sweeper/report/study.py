@@ -8,7 +8,7 @@ Nothing here draws or writes: :mod:`sweeper.report.analysis` computes, the figur
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
 
@@ -16,6 +16,7 @@ from sweeper.report.analysis import Divergence, divergence
 from trainer import metrics
 
 POINTS_ARTIFACT = "points.json"
+CHECK_TAGS = (metrics.TAG_CHECK, metrics.TAG_REFERENCE, metrics.TAG_REFERENCE_KEY)  # set when a check lands
 # Config keys that say where a run is recorded or how it is started, not what it computes.
 BOOKKEEPING = ("mlflow.", "mpi.", "check.cache_dir", "fault.", "profile", "save.checkpoint_dir", "save.progress_dir")
 
@@ -47,6 +48,16 @@ class Point:
     @property
     def nproc(self) -> int:
         return int(self.config.get("nproc", 1))
+
+    def without_check(self) -> Point:
+        """This point without what its CPU check logs (its errors and tags), which may land after the
+        rest: what every figure but the weight error's is drawn from, so that a figure drawn while
+        the checks land (sweeper/early_report.py) is not drawn again once they have."""
+        return replace(
+            self,
+            metrics={k: v for k, v in self.metrics.items() if not k.startswith(metrics.CHECK_PREFIX)},
+            tags={k: v for k, v in self.tags.items() if k not in CHECK_TAGS},
+        )
 
     @cached_property
     def diverged(self) -> Divergence | None:

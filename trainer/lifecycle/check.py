@@ -66,8 +66,8 @@ def compare(recorder: tracking.Recorder, job: reference_jobs.Job, layout: model.
         recorder.metric(metrics.weight_error(name), err)
     recorder.set_tags(
         {
-            "sweepscale.reference": "cached" if ref.cached else "computed",
-            "sweepscale.reference_key": ref.key,
+            metrics.TAG_REFERENCE: "cached" if ref.cached else "computed",
+            metrics.TAG_REFERENCE_KEY: ref.key,
             metrics.TAG_CHECK: "done",
         }
     )

@@ -148,9 +148,9 @@ def compute(
         blas, threads = ThreadpoolController(), 0
         with _Running(cache) as running:
 
-            def share(_step: int = 0) -> None:  # now, and after each step: the references come and go
+            def share(done: int = 0) -> None:  # now, and after each step: the references come and go
                 nonlocal threads
-                if (n := running.share()) != threads:
+                if (n := running.share((steps - done) * layout.size * schedule.batch_size)) != threads:
                     blas.limit(limits=n, user_api="blas")
                     threads = n
 
@@ -160,8 +160,9 @@ def compute(
 
 class _Running:
     """This child's marker among the references computing on this host, while it computes, and its
-    share of the cores: those the GPUs' ranks leave (a core each, to drive its GPU) over the
-    references computing on this host now."""
+    share of the cores: those the GPUs' ranks leave (a core each, to drive its GPU), shared among the
+    references computing on this host now in proportion to the work each has left (its marker says
+    how much), so that the largest, which the sweep waits for, is not held to an equal share."""
 
     def __init__(self, cache: Path) -> None:
         self.folder = cache / RUNNING
@@ -173,15 +174,18 @@ class _Running:
         self.marker.touch()
         return self
 
-    def share(self) -> int:
-        host, running = socket.gethostname(), 0
+    def share(self, work: int) -> int:
+        """Threads for this reference, which has ``work`` left (any unit common to all: multiply-adds)."""
+        self.marker.write_text(str(work))
+        host, total = socket.gethostname(), 0
         for m in self.folder.iterdir():
             name, _, pid = m.name.rpartition(".")
             if name == host and pid.isdigit() and alive(int(pid)):
-                running += 1
+                said = m.read_text() if m != self.marker else str(work)
+                total += int(said) if said.isdigit() else work  # a marker just made counts as much as this
             elif name == host:
                 m.unlink(missing_ok=True)  # a child that died computing
-        return max(1, (cores() - self.reserved) // max(1, running))
+        return max(1, (cores() - self.reserved) * work // max(1, total, work))
 
     def __exit__(self, *exc: Any) -> None:
         self.marker.unlink(missing_ok=True)
@@ -213,6 +217,13 @@ def _attach(a: SharedArray) -> np.ndarray:
     if a.name not in _attached:  # a spawned child shares its parent's resource tracker: one record of the block
         _attached[a.name] = shared_memory.SharedMemory(name=a.name)
     return np.ndarray(a.shape, np.dtype(a.dtype), buffer=_attached[a.name].buf)
+
+
+def warm() -> None:
+    """Start the pool's processes now (each imports NumPy and this module, a few tenths of a second)
+    rather than when the first references are asked for."""
+    for _ in range(WORKERS):
+        _pool_submit(int)
 
 
 _pool: ProcessPoolExecutor | None = None
@@ -268,6 +279,7 @@ def shutdown() -> None:
 def _child_init(parent: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the rank's to handle: it ends this pool
     threading.Thread(target=_exit_with, args=(parent,), name="orphan-check", daemon=True).start()
+    import threadpoolctl  # noqa: F401  (what compute needs, imported before a reference waits for it)
 
 
 def _exit_with(parent: int) -> None:

@@ -142,14 +142,15 @@ class Journal:
     def _send(self, client: Any, budget_s: float | None) -> bool:
         run_id, ended = self.run_id() or self._create(client), False
         deadline = None if budget_s is None else time.monotonic() + budget_s
-        for offset, entry in _grouped(self.unsent()):
+        for offset, entries in _chunks(self.unsent()):
             if deadline is not None and time.monotonic() > deadline:
                 return False
-            apply(client, run_id, entry, self.folder / FILES)
+            for entry in entries:
+                apply(client, run_id, entry, self.folder / FILES)
+                ended = ended or entry["op"] == "close" or (entry["op"] == "end" and entry.get("close", True))
             tmp = self.sent_path.with_suffix(".tmp")
             tmp.write_text(str(offset))
             os.replace(tmp, self.sent_path)
-            ended = entry["op"] == "close" or (entry["op"] == "end" and entry.get("close", True))
         if ended:  # nothing left to send: kept aside, not sent again
             shutil.rmtree(self.folder / FILES, ignore_errors=True)
             with open(self.folder / DONE, "ab") as kept, open(self.path, "rb") as sent:  # after a resumed run's first
@@ -159,30 +160,30 @@ class Journal:
         return ended
 
 
-def _grouped(lines: list[tuple[int, dict[str, Any]]]) -> Iterator[tuple[int, dict[str, Any]]]:
-    """Consecutive metrics, params and tags lines as one ``batch`` (an epoch's each: one store write
-    for many epochs, a later tag overriding an earlier one), at most BATCH values; every other line
-    as it is. (offset after it, entry)."""
-    group: dict[str, Any] | None = None
-    last = 0
+def _chunks(lines: list[tuple[int, dict[str, Any]]]) -> Iterator[tuple[int, list[dict[str, Any]]]]:
+    """The unsent lines in chunks of at most BATCH values, each sent as one ``batch`` of its metrics,
+    params and tags (a later tag overriding an earlier one), then its other lines (texts, artifacts,
+    the end) in their order: one store write for a whole run caught up at once, not one per line.
+    The order within a chunk does not change what the store ends with, and a chunk sent again after
+    a crash (its offset is noted once it is all sent) writes nothing new. (offset after it, entries)."""
+    batch: dict[str, Any] = {"op": "batch", "metrics": [], "params": {}, "tags": {}}
+    others: list[dict[str, Any]] = []
+    last, size = 0, 0
     for offset, entry in lines:
-        if entry["op"] not in ("metrics", "params", "tags"):
-            if group is not None:
-                yield last, group
-                group = None
-            yield offset, entry
-            continue
-        if group is not None and len(group["metrics"]) + len(group["params"]) + len(group["tags"]) >= BATCH:
-            yield last, group
-            group = None
-        if group is None:
-            group = {"op": "batch", "metrics": [], "params": {}, "tags": {}}
-        group["metrics"] += entry.get("metrics", [])
-        group["params"].update(entry.get("params", {}))
-        group["tags"].update(entry.get("tags", {}))
+        values = len(entry.get("metrics", [])) + len(entry.get("params", {})) + len(entry.get("tags", {}))
+        if size and size + values > BATCH:
+            yield last, [batch, *others]
+            batch, others, size = {"op": "batch", "metrics": [], "params": {}, "tags": {}}, [], 0
+        if entry["op"] in ("metrics", "params", "tags"):
+            batch["metrics"] += entry.get("metrics", [])
+            batch["params"].update(entry.get("params", {}))
+            batch["tags"].update(entry.get("tags", {}))
+            size += values
+        else:
+            others.append(entry)
         last = offset
-    if group is not None:
-        yield last, group
+    if last:
+        yield last, ([batch] if size else []) + others
 
 
 def apply(client: Any, run_id: str, entry: dict[str, Any], files: Path) -> None:
@@ -190,7 +191,7 @@ def apply(client: Any, run_id: str, entry: dict[str, Any], files: Path) -> None:
     from mlflow.entities import Metric, Param, RunTag
 
     op = entry["op"]
-    if op == "batch":  # several lines' (_grouped): params and tags first, at most 100 of each a call
+    if op == "batch":  # several lines' (_chunks): params and tags first, at most 100 of each a call
         metrics = [Metric(*m) for m in entry["metrics"]]
         params = [Param(k, v) for k, v in entry["params"].items()]
         tags = [RunTag(k, v) for k, v in entry["tags"].items()]

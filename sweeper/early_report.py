@@ -1,0 +1,53 @@
+"""The report's figures drawn while the last CPU checks land. Once every point of a grid has trained
+(the warm workers' ``trained`` marker: its run ended, its check may still compute), a thread builds
+the report from the store as it is then, its figures in the drawing children. The sweep's own
+report, once the checks have landed, draws again only what they changed, the weight error: a
+figure asked again with equal inputs is not redrawn (sweeper/report/drawing.py), and every figure
+but the weight error's reads the points without their check (study.Point.without_check)."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from sweeper.report import drawing
+from sweeper.timeline import phase
+from trainer.lifecycle import queue_files
+
+if TYPE_CHECKING:
+    from sweeper.records import SweepRecord
+    from sweeper.watch import Flight
+
+
+class EarlyReport:
+    """Called by the watch after every step; builds once, in a thread, when only checks are left."""
+
+    def __init__(self, record: SweepRecord, folder: Path, target: float | None) -> None:
+        self.record, self.folder, self.target = record, folder, target
+        self.thread: threading.Thread | None = None
+
+    def __call__(self, flight: Flight) -> None:
+        if self.thread is not None or flight.queued or not flight.running:
+            return
+        folders = [p.dir for p, _job in flight.running.values()]
+        if all((d / queue_files.TRAINED).exists() for d in folders):
+            self.thread = threading.Thread(target=self._build, args=(folders,), name="early-report", daemon=True)
+            self.thread.start()
+
+    def _build(self, folders: list[Path]) -> None:
+        with phase("report: figures while the checks land"):
+            try:
+                drawing.imported()
+                from sweeper.report import report_for
+
+                self.record.send_handed_off(folders)  # their training, in the store before it is read
+                parent = self.record.client.get_run(self.record.parent_id)
+                report_for(self.record.client, [parent], self.folder, attach=False, target=self.target)
+            except Exception:  # the sweep's own report says what is wrong
+                pass
+
+    def wait(self) -> None:
+        """Before the sweep's own report: it reuses what this one drew (and pyplot draws in one thread)."""
+        if self.thread is not None:
+            self.thread.join()
