@@ -39,6 +39,7 @@ class EarlyReport:
         with phase("report: figures while the checks land"):
             try:
                 drawing.imported()
+                drawing.remember()
                 from sweeper.report import report_for
 
                 self.record.send_handed_off(folders)  # their training, in the store before it is read

@@ -15,6 +15,7 @@ import sys
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor
+from pathlib import Path
 from typing import Any
 
 _pool: ProcessPoolExecutor | None = None
@@ -23,7 +24,7 @@ EARLY_CORES = 8
 PR_SET_PDEATHSIG = 1  # prctl(2)
 _workers = 0  # the pool's children
 _drawn = 0  # figures asked for so far
-_made: list[tuple[Callable[..., Any], tuple, Future[Any]]] = []  # every figure asked for: function, arguments, result
+_made: list[tuple[Callable[..., Any], tuple, Future[Any]]] | None = None  # after remember(): function, arguments, made
 _here: threading.Thread | None = None  # the sweeper's own import of the report's modules, begun with the runs
 
 
@@ -109,15 +110,30 @@ def _draw_once() -> None:
 
 def draw(fn: Callable[..., Any], *args: Any) -> Future[Any]:
     """``fn(*args)`` in a child where the pool runs (but one figure in every ``n + 1``, drawn here
-    while the children draw theirs), else here; its result as a future either way. A figure this
-    process drew before with equal arguments (its file among them) is not drawn again: the report
-    built while the checks landed (sweeper/early_report.py) drew it."""
+    while the children draw theirs), else here; its result as a future either way. After
+    :func:`remember`, a figure drawn before with equal arguments (its file among them) and still on
+    disk is not drawn again."""
+    if _made is None:
+        return _draw(fn, *args)
     for made_fn, made_args, made in _made:
-        if made_fn is fn and made.done() and made.exception() is None and _equal(made_args, args):
+        if made_fn is fn and made.done() and made.exception() is None and _equal(made_args, args) and _kept(made):
             return made
     future = _draw(fn, *args)
     _made.append((fn, args, future))
     return future
+
+
+def remember() -> None:
+    """From now on keep each figure drawn with its arguments: the report built while the checks land
+    (sweeper/early_report.py) draws what the sweep's own report then reuses."""
+    global _made
+    if _made is None:
+        _made = []
+
+
+def _kept(made: Future[Any]) -> bool:
+    """A figure's file still there (or no file: the reason it was left out)."""
+    return not isinstance(made.result(), Path) or made.result().exists()
 
 
 def _equal(a: tuple, b: tuple) -> bool:

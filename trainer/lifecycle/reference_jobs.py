@@ -181,7 +181,10 @@ class _Running:
         for m in self.folder.iterdir():
             name, _, pid = m.name.rpartition(".")
             if name == host and pid.isdigit() and alive(int(pid)):
-                said = m.read_text() if m != self.marker else str(work)
+                try:
+                    said = m.read_text() if m != self.marker else str(work)
+                except OSError:  # that reference ended meanwhile
+                    continue
                 total += int(said) if said.isdigit() else work  # a marker just made counts as much as this
             elif name == host:
                 m.unlink(missing_ok=True)  # a child that died computing
