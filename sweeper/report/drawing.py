@@ -6,6 +6,7 @@ figure meanwhile); without it, each figure is drawn here, in turn."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import multiprocessing
 import os
@@ -35,7 +36,7 @@ def warm_up(workers: int | None = None, early: bool = False) -> None:
     MLflow's import, which the sweep's first points wait for, needs."""
     global _pool, _workers
     n = workers or min(4, (os.cpu_count() or 1) // 2)
-    if _pool is not None or n < 1 or (early and (os.cpu_count() or 1) < EARLY_CORES):
+    if _pool is not None or n < 1 or (early and not _spare_cores()):
         return
     _workers = n
     # The children start with SIGINT ignored (an ignored signal stays so across exec): a terminal's
@@ -55,7 +56,7 @@ def warm_up_here() -> None:
     the store is open (MLflow's import, before, is what the sweep's first points wait for). Only
     from ``EARLY_CORES``: on fewer, the cores are the workers' while the points run."""
     global _here
-    if _here is None and (os.cpu_count() or 1) >= EARLY_CORES:
+    if _here is None and _spare_cores():
         _here = threading.Thread(target=_imports_here, name="report-imports", daemon=True)
         _here.start()
 
@@ -67,17 +68,13 @@ def imported() -> None:
         _here.join()
 
 
-def _imports_here() -> None:
-    try:
-        import sweeper.report.convergence  # matplotlib and every figure's module, as in the children
-        import sweeper.report.page  # jinja2
-        import sweeper.report.roofline
-        import sweeper.report.scaling
-        import sweeper.report.time_to_target  # noqa: F401
+def _spare_cores() -> bool:
+    return (os.cpu_count() or 1) >= EARLY_CORES
 
-        _draw_once()
-    except Exception:  # the report says what is wrong when it is built
-        pass
+
+def _imports_here() -> None:
+    with contextlib.suppress(Exception):  # the report says what is wrong when it is built
+        _ready_to_draw()
 
 
 def _imports() -> None:
@@ -85,9 +82,16 @@ def _imports() -> None:
         ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
         if os.getppid() == 1:  # gone before that
             os._exit(0)
-    import sweeper.report.convergence  # matplotlib and every figure's module
+    _ready_to_draw()
+
+
+def _ready_to_draw() -> None:
+    """Every figure's module imported (matplotlib, jinja2), and a first figure drawn."""
+    import sweeper.report.convergence
+    import sweeper.report.page
     import sweeper.report.roofline
-    import sweeper.report.scaling  # noqa: F401
+    import sweeper.report.scaling
+    import sweeper.report.time_to_target  # noqa: F401
 
     _draw_once()
 
