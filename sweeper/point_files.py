@@ -22,11 +22,18 @@ if TYPE_CHECKING:
 
 
 def prepare(
-    point: Point, uri: str, experiment: str, parent_id: str, sweep_id: str, checkpoints: bool, resume_from: str = ""
+    point: Point,
+    uri: str,
+    experiment: str,
+    parent_id: str | None,
+    sweep_id: str,
+    checkpoints: bool,
+    resume_from: str = "",
 ) -> None:
-    """Fill in where the child run is recorded (and with ``checkpoints``, where its trainer keeps
-    them: the point's folder, or ``resume_from``, an earlier sweep's point folder whose checkpoint
-    it goes on from), and write the point's config for its job."""
+    """Fill in where the child run is recorded, under ``parent_id`` (None: the parent is told later,
+    sweeper/ahead.py), and with ``checkpoints``, where its trainer keeps them: the point's folder,
+    or ``resume_from``, an earlier sweep's point folder whose checkpoint it goes on from; and write
+    the point's config for its job."""
     t = point.trainer
     with open_dict(t):
         if checkpoints:

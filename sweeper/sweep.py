@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig
 
-from sweeper import display, offline_report, records, search_flow, timeline
+from sweeper import ahead, display, offline_report, records, search_flow, timeline
 from sweeper.collect import close_runs, spent
 from sweeper.config import validate_sweep
 from sweeper.early_report import EarlyReport
@@ -62,6 +62,7 @@ def run_sweep(
     with phase("scheduler and store checks"):
         unchecked = preflight(runner, points, opts.dry_run)
         uri = absolute_uri(store.tracking_uri(base.mlflow.tracking_uri))
+        experiment = store.experiment_name(base.mlflow.experiment)
         uri_check.check_uri(uri)
     if opts.dry_run:
         preview(points, runner.preview(groups), unchecked)
@@ -70,19 +71,22 @@ def run_sweep(
         with phase("study: open"):
             search_flow.open_study(search, runner, points)
 
-    with phase("workers' start"):
-        os.environ[store.AHEAD] = uri  # the workers open it while they wait for their points
-        os.environ[journal.HANDOFF_ENV] = "" if runner.checkpoints else "1"  # or hand their runs to this sweeper
-        runner.prestart(points)  # warm workers start up while MLflow is imported and the parent recorded
-    if search is not None:  # a worker per shape the space holds starts meanwhile
-        with phase("study: first trials"):
-            points = search_flow.first(search, runner)
     record, early = None, None
     try:
+        with phase("workers' start"):
+            os.environ[store.AHEAD] = uri  # the workers open it while they wait for their points
+            os.environ[journal.HANDOFF_ENV] = "" if runner.checkpoints else "1"  # or hand their runs to this sweeper
+            runner.prestart(points)  # warm workers start up while MLflow is imported and the parent recorded
+            flight_ahead = None if search is not None else ahead.start(runner, points, uri, experiment, sweep_id)
+        if search is not None:  # a worker per shape the space holds starts meanwhile
+            with phase("study: first trials"):
+                points = search_flow.first(search, runner)
         drawing.warm_up(early=True)  # the report's drawing children, where cores are left idle
         with phase("store: parent run, resume"):
-            record = SweepRecord(uri, store.experiment_name(base.mlflow.experiment))
-            todo, done_before, earlier = open_sweep(record, runner, sweep_id, points, sweep_dir, overrides, opts.force)
+            record = SweepRecord(uri, experiment)
+            todo, done_before, earlier = open_sweep(
+                record, runner, sweep_id, points, sweep_dir, overrides, opts.force, flight_ahead
+            )
         with phase("runs"):
             drawing.warm_up()  # or now, and the report's modules imported here while the points run
             drawing.warm_up_here()
@@ -97,7 +101,7 @@ def run_sweep(
                     early(flight)
 
             try:
-                flight = watch(runner, todo, total, len(done_before), opts.poll_s, earlier, more, each)
+                flight = watch(runner, todo, total, len(done_before), opts.poll_s, earlier, more, each, flight_ahead)
             finally:
                 sender.stop()
             if search is not None:
@@ -109,6 +113,9 @@ def run_sweep(
             search.interrupted()
         if record is not None:
             record.abandon(e)  # no run of this sweep stays RUNNING
+        if isinstance(e, KeyboardInterrupt):  # before the watch: points started ahead end KILLED in their workers
+            display.console.print("[red]interrupted: the sweep's workers end their points[/red]")
+            return 130
         raise
     with phase("collect"):
         outcomes, away = close_runs(record, runner, sweep_id, points, done_before, flight, earlier, sweep_dir, opts)
@@ -154,10 +161,12 @@ def open_sweep(
     sweep_dir: Path,
     overrides: list[str],
     force: bool,
+    ahead_of_store: Flight | None = None,
 ) -> tuple[list[Point], dict[str, str], dict[int, tuple[Point, EarlierJob]]]:
     """Close the sweeps whose sweeper died, find what earlier sweeps finished or still train, record
-    the parent run and write each point's config: the points to run, the hashes of those done
-    before (-> their runs) and the points an earlier sweep's live job trains (index -> its job)."""
+    the parent run and write each point's config (``ahead_of_store``: written, its points started
+    before the store was open, sweeper/ahead.py): the points to run, the hashes of those done before (-> their
+    runs) and the points an earlier sweep's live job trains (index -> its job)."""
     closed, going_on = record.close_orphans(runner.live)
     for dead_id, folder in closed:  # its live jobs end after the points they train: this sweep runs the rest
         cancelled = runner.cancel_pending(f"sweepscale-{dead_id}")
@@ -179,6 +188,9 @@ def open_sweep(
         f"sweep {sweep_id}: {len(todo)} point(s) to run, MLflow parent run {parent_id}, folder {sweep_dir}"
     )
     display.console.print(f"ranks start: {runner.ranks_start}")
+    if ahead_of_store is not None:  # a new store: nothing above was found
+        ahead.tell_parent(ahead_of_store, parent_id)
+        return todo, done_before, earlier
     stopped = record.checkpointed({p.config_hash: resume_key(p.trainer) for p in todo}) if runner.checkpoints else {}
     for p in todo:
         run_id, folder, epoch = stopped.get(p.config_hash, ("", "", 0))

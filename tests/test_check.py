@@ -217,12 +217,34 @@ def test_a_prefetched_reference_is_the_one_the_point_then_finds(idx_dir, tmp_pat
     assert check.prefetch(compose(["check.reference=false"]), ds, schedule) is None
 
 
+def test_a_worker_waits_until_its_first_references_are_begun_in_their_children(idx_dir, tmp_path):
+    """Before MPI's start (which holds the GIL) a GPU worker waits until its references need nothing
+    more of it: begun in a child, here held at the key's lock so that it has begun but not ended,
+    or read from the cache, with no child at all."""
+    ds = data.load(str(idx_dir), 57, None, "float64")
+    init = model.init_params(LAYOUT, 0, "float64", "fan_in")
+    key = lambda f: key_of(ds, 10)  # noqa: E731
+    cache = tmp_path / "cache"
+    try:
+        with hold_lock(cache, key_of(ds, 10)):
+            job = reference_jobs.submit(ds.x_train, ds.y_train, ds.fingerprint, key, LAYOUT, init, SCHEDULE, 10, cache)
+            reference_jobs.handed_over([job], timeout=120)
+            assert job.handed.is_set() and reference_jobs._begun.value >= reference_jobs._sent >= 1
+            assert not job.done()  # begun in its child, which waits for the lock
+        assert not job.result(timeout=120).cached
+        again = reference_jobs.submit(ds.x_train, ds.y_train, ds.fingerprint, key, LAYOUT, init, SCHEDULE, 10, cache)
+        reference_jobs.handed_over([again], timeout=120)
+        assert again.done() and again.result().cached
+    finally:
+        reference_jobs.shutdown()
+
+
 SUBMIT = """
 import sys, time
 import numpy as np
 from trainer import data
 from trainer.core import model, reference
-from trainer.lifecycle import reference_jobs
+from trainer.lifecycle import reference_jobs, shared_arrays
 from trainer.core.loop import Schedule
 idx_dir, cache, out = sys.argv[1:]
 layout, schedule = model.Layout(D=784, H=16), Schedule(7, 0.3, 1e-4, 2, False, 0)
@@ -237,7 +259,7 @@ print("submitted", flush=True)
 ref = job.result()
 np.save(out, ref.params)
 print("cached" if ref.cached else "computed", flush=True)
-print(" ".join(b.name for blocks, _ in reference_jobs._shared.values() for b in blocks), flush=True)
+print(" ".join(shared_arrays.names()), flush=True)
 reference_jobs.shutdown()
 """
 

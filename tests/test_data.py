@@ -303,3 +303,27 @@ def test_hidden_is_checked_against_the_memory_the_process_may_use(tmp_path: Path
     assert done.returncode == 2, done.stderr
     assert "Error: hidden=1500000: the weights and their copies would take" in done.stderr
     assert "GiB of memory this process may use; lower hidden" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_the_fingerprint_hashes_the_training_set_as_read_and_tells_apart_what_differs(idx_dir: Path, tmp_path: Path):
+    """The reference cache's key of a data set: the pixels' bytes as read (not the floats made of
+    them) with the dtype and levels, and the labels. One pixel, one label, the samples taken or the
+    dtype changed: another fingerprint; the same files loaded again: the same."""
+    fp = data.load(str(idx_dir), None, None, "float32").fingerprint()
+    assert data.load(str(idx_dir), None, None, "float32").fingerprint() == fp
+    assert data.load(str(idx_dir), 50, None, "float32").fingerprint() != fp
+    assert data.load(str(idx_dir), None, None, "float64").fingerprint() != fp
+    ds = data.load_embedded_digits()
+    for changed in ("pixel", "label"):
+        x, y = ds.x_train[:60].copy(), ds.y_train[:60].copy()
+        if changed == "pixel":
+            x[7, 300] ^= 1
+        else:
+            y[7] = (y[7] + 1) % data.N_CLASSES
+        folder = tmp_path / changed
+        folder.mkdir()
+        for name in ("test_images", "test_labels"):
+            (folder / f"{data.FILES[name]}.gz").write_bytes((idx_dir / f"{data.FILES[name]}.gz").read_bytes())
+        idx.write_idx(folder / f"{data.FILES['train_images']}.gz", x.reshape(-1, data.SIDE, data.SIDE))
+        idx.write_idx(folder / f"{data.FILES['train_labels']}.gz", y)
+        assert data.load(str(folder), None, None, "float32").fingerprint() != fp, changed

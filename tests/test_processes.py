@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -81,3 +82,25 @@ def test_a_rank_waiting_for_rank_0_sleeps(tmp_path):
         assert done.returncode == 0, done.stderr
         cpu[how] = float(done.stdout.strip())
     assert cpu["asleep"] < 0.3 and cpu["spinning"] > 2 * cpu["asleep"], cpu
+
+
+def test_a_rank_alone_starts_mpi_without_a_daemon_and_passes_no_setting_on():
+    """A one-rank world started without mpiexec (a warm worker, `python -m trainer`): Open MPI's
+    singleton settings (no daemon, its own transports) hold only while MPI starts, so that an
+    mpiexec this process runs later does not pass them to its ranks; a setting the user gave stays."""
+    probe = textwrap.dedent(
+        """
+        import os
+        from trainer.ranks import parallel
+        world = parallel.join_world(1)
+        print(world.size, sorted(k for k in os.environ if k.startswith("OMPI_MCA_")))
+        """
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMI_", "PMIX_", "SLURM_"))}
+    alone = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert alone.returncode == 0 and alone.stdout.split() == ["1", "[]"], alone.stdout + alone.stderr
+    given = {**env, "OMPI_MCA_pml": "ob1"}
+    kept = subprocess.run(
+        [sys.executable, "-c", probe], cwd=ROOT, env=given, capture_output=True, text=True, timeout=60
+    )
+    assert kept.returncode == 0 and kept.stdout.split() == ["1", "['OMPI_MCA_pml']"], kept.stdout + kept.stderr

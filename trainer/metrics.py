@@ -49,6 +49,7 @@ TAG_PEAK_TFLOPS = "sweepscale.peak_tflops_per_device"  # the peak perf/utilizati
 TAG_PEAK_ARITHMETIC = "sweepscale.peak_arithmetic"  # which arithmetic that peak is of
 TAG_UTILIZATION_ERROR = "sweepscale.utilization_error"  # why no perf/utilization: it exceeded 1
 TAG_GIT_COMMIT = "mlflow.source.git.commit"  # MLflow's own key: the UI shows it
+TAG_PARENT = "mlflow.parentRunId"  # MLflow's own key: a point's run nests under its sweep's
 TAG_GIT_DIRTY = "sweepscale.git_dirty"
 TAG_VERSION = "sweepscale.version"
 # MLflow 3's experiment kind: its UI opens an experiment of this kind on the runs table.

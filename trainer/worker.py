@@ -43,6 +43,8 @@ from trainer.record import journal
 from trainer.warm_up import say, warm_up
 from trainer.worker_points import Datasets, load_point, prefetch_checks
 
+HANDOVER_S = 2.0  # at most this long, a worker waits for its first references to be in their children
+
 
 def requeued(status: int) -> bool:
     """The point stopped for its job to run again (trainer/lifecycle/requeue.py): it gets no result now."""
@@ -51,20 +53,23 @@ def requeued(status: int) -> bool:
     return status == requeue.REQUEUE_STATUS or (status == KILLED_STATUS and requeue.by_slurm())
 
 
-def load_ahead(queue: Path, world: parallel.World, datasets: Datasets) -> None:
+def load_ahead(queue: Path, datasets: Datasets) -> None:
     """The data set the sweeper names, loaded; on rank 0 of a GPU worker, the CPU references of a
-    grid's first points started (the configs the queue holds before its tickets). Done before the
-    GPU's warm-up, which the references then overlap on the cores it leaves."""
+    grid's first points started (the configs the queue holds before its tickets). Done before MPI
+    starts and the GPU warms up, which the references then overlap on the cores they leave."""
     from trainer.lifecycle import reference_jobs
     from trainer.ranks.backend import visible_gpus
 
-    ahead = sorted((queue / queue_files.AHEAD).glob("*.json")) if world.rank == 0 else []
+    first = parallel.launcher_rank() == 0  # MPI's rank, known before MPI starts
+    ahead = sorted((queue / queue_files.AHEAD).glob("*.json")) if first else []
     if ahead and visible_gpus():
         reference_jobs.warm()  # their processes import NumPy while the data set loads
     datasets.preload(os.environ.get(queue_files.DATA_HINT))  # while the sweeper records the sweep
-    _say(world, f"data loaded, {len(datasets.loaded)} set(s)")
+    if first:
+        say(f"data loaded, {len(datasets.loaded)} set(s)")
     if ahead and (started := prefetch_checks(ahead, datasets)):
-        _say(world, f"{started} reference(s) started")
+        reference_jobs.handed_over(started, HANDOVER_S)  # before MPI's start holds the GIL
+        say(f"{len(started)} reference(s) started")
 
 
 def serve(queue: Path, name: str, world: parallel.World, datasets: Datasets) -> int:
@@ -223,13 +228,12 @@ def main(argv: list[str] | None = None) -> int:
         return parallel.run_under_mpiexec(mpiexec, args.nproc, sys.argv[1:], module="trainer.worker")
     signal.signal(signal.SIGTERM, _terminate)
     requeue.arm()  # a warning between points: the worker ends and its requeued job serves the rest
-    world = parallel.join_world(args.nproc)
     queue, datasets = args.queue.resolve(), Datasets()
     from trainer.lifecycle import reference_jobs
     from trainer.ranks.sigterm import Terminated
 
     try:
-        warm_up(world, before_gpu=lambda: load_ahead(queue, world, datasets))
+        world = warm_up(args.nproc, before_mpi=lambda: load_ahead(queue, datasets))
         _say(world, "warmed up")
         return serve(queue, args.name, world, datasets)
     except (KeyboardInterrupt, Terminated):  # SIGTERM or Ctrl-C between points: no run to end

@@ -69,23 +69,23 @@ class Datasets:
             pass
 
 
-def prefetch_checks(configs: list[Path], datasets: Datasets) -> int:
+def prefetch_checks(configs: list[Path], datasets: Datasets) -> list[Any]:
     """On a GPU, the CPU references of these points' configs (JSON values) start now, on the cores
     the GPU leaves idle: the last point's check no longer trails its training (trainer/lifecycle/check.py).
-    Asked before the worker's CUDA warm-up, so the GPUs are counted without CuPy. How many started."""
+    Asked before the worker's CUDA warm-up, so the GPUs are counted without CuPy. The jobs started."""
     from trainer.lifecycle.check import prefetch
     from trainer.ranks.backend import visible_gpus
     from trainer.run import schedule_of
 
     if visible_gpus() == 0:  # a CPU worker's references run after their points' timed batches, on its cores
-        return 0
-    started = 0
+        return []
+    jobs = []
     for path in configs:
         try:
             cfg = load_values(path)
             ds = datasets.loaded.get(queue_files.data_key(cfg))
-            if ds is not None and cfg.device.value != "cpu":
-                started += prefetch(cfg, ds, schedule_of(cfg)) is not None
+            if ds is not None and cfg.device.value != "cpu" and (job := prefetch(cfg, ds, schedule_of(cfg))):
+                jobs.append(job)
         except Exception:  # claimed meanwhile, or a point that will say itself what is wrong with it
             continue
-    return started
+    return jobs

@@ -1,11 +1,12 @@
 """The report's figures drawn side by side in child processes: each figure is a few hundred
 milliseconds of matplotlib, and a report has up to eight. The sweep starts the pool with its
 workers where cores are idle then, else with its runs (:func:`warm_up`: the children import
-matplotlib meanwhile), a child a core in two (one on two cores: the sweeper draws every other
-figure meanwhile); without it, each figure is drawn here, in turn."""
+matplotlib meanwhile), a child a core in two (one on two cores); a figure asked while every child
+draws is drawn here meanwhile; without children, each figure is drawn here, in turn."""
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import ctypes
 import multiprocessing
@@ -24,7 +25,7 @@ _pool: ProcessPoolExecutor | None = None
 EARLY_CORES = 8
 PR_SET_PDEATHSIG = 1  # prctl(2)
 _workers = 0  # the pool's children
-_drawn = 0  # figures asked for so far
+_drawing: set[Future[Any]] = set()  # the figures the children draw now
 _made: list[tuple[Callable[..., Any], tuple, Future[Any]]] | None = None  # after remember(): function, arguments, made
 _here: threading.Thread | None = None  # the sweeper's own import of the report's modules, begun with the runs
 
@@ -51,7 +52,7 @@ def warm_up(workers: int | None = None, early: bool = False) -> None:
 
 
 def warm_up_here() -> None:
-    """The sweeper draws a figure in every ``n + 1`` itself (all of them without children): import
+    """The sweeper draws a figure itself while every child draws one (all of them without children): import
     the report's modules here too, in a thread (matplotlib's pyplot alone is half a second), once
     the store is open (MLflow's import, before, is what the sweep's first points wait for). Only
     from ``EARLY_CORES``: on fewer, the cores are the workers' while the points run."""
@@ -78,6 +79,9 @@ def _imports_here() -> None:
 
 
 def _imports() -> None:
+    atexit.register(
+        os._exit, 0
+    )  # a child ends without the teardown of matplotlib's modules: 0.15 s the sweep waited for
     if sys.platform == "linux":  # SIGTERM when the sweeper is gone (SIGKILLed, it shuts down no pool)
         ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
         if os.getppid() == 1:  # gone before that
@@ -113,8 +117,8 @@ def _draw_once() -> None:
 
 
 def draw(fn: Callable[..., Any], *args: Any) -> Future[Any]:
-    """``fn(*args)`` in a child where the pool runs (but one figure in every ``n + 1``, drawn here
-    while the children draw theirs), else here; its result as a future either way. After
+    """``fn(*args)`` in an idle child where the pool runs, else here (while every child draws, or
+    without children); its result as a future either way. After
     :func:`remember`, a figure drawn before with equal arguments (its file among them) and still on
     disk is not drawn again."""
     if _made is None:
@@ -150,11 +154,12 @@ def _equal(a: tuple, b: tuple) -> bool:
 
 
 def _draw(fn: Callable[..., Any], *args: Any) -> Future[Any]:
-    global _drawn
-    _drawn += 1
+    if _pool is not None and len(_drawing) < _workers:  # a child is idle
+        future = _pool.submit(fn, *args)
+        _drawing.add(future)
+        future.add_done_callback(_drawing.discard)
+        return future
     imported()  # and pyplot is not drawn from two threads at once
-    if _pool is not None and _drawn % (_workers + 1):
-        return _pool.submit(fn, *args)
     future: Future[Any] = Future()
     try:
         future.set_result(fn(*args))

@@ -64,6 +64,12 @@ class Runner(Protocol):
         """What would be submitted, by title (empty when there is nothing to add)."""
         ...
 
+    def hands_off(self, points: list[Point]) -> bool:
+        """Whether these points' runs are created by the sweeper, from the journals its jobs write
+        (warm workers of one rank, sweeper/handoff.py), not by the jobs: they may start before the
+        sweep's parent run exists (sweeper/ahead.py)."""
+        ...
+
     def prestart(self, points: list[Point]) -> None:
         """Start what may start before the runs are recorded (warm workers, which then wait for
         ``start``'s tickets); ``stop`` ends it if the sweep ends first."""

@@ -53,6 +53,9 @@ class DebugRunner(WithoutScheduler):
     def preview(self, groups: dict[Shape, list[Point]]) -> dict[str, str]:
         return {}
 
+    def hands_off(self, points: list[Point]) -> bool:
+        return False  # the trainer records its runs in this process
+
     def prestart(self, points: list[Point]) -> None:
         pass  # jobs start in start()
 

@@ -82,6 +82,9 @@ class LocalRunner(WithoutScheduler):
         """The GPUs, or cores, points of this shape share: how many a search keeps in flight."""
         return self.n_gpus if shape.gpus_per_task else self.n_cpus
 
+    def hands_off(self, points: list[Point]) -> bool:
+        return self.pool is not None and all(p.nproc == 1 for p in points)  # trainer/warm_up.py hands_off
+
     def prestart(self, points: list[Point]) -> None:
         """Warm: open the queues and start their workers now; they wait for the tickets."""
         if self.pool is not None:

@@ -180,6 +180,9 @@ class SlurmRunner:
             return None
         return [self.bootstrap.mpiexec or "mpiexec", "-n", str(shape.nodes * shape.tasks_per_node)]
 
+    def hands_off(self, points: list[Point]) -> bool:
+        return False  # its jobs create their runs: a requeued one goes on in it from its checkpoint
+
     def prestart(self, points: list[Point]) -> None:
         pass  # a Slurm job may wait in the queue for minutes: submitted with its tickets
 

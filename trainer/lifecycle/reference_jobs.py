@@ -5,7 +5,8 @@ the run ends when its training does, and the reference's error lands in it later
 A key whose weights are cached is read in a thread of this process, with no child at all.
 Otherwise a spawned child (a pool per process, kept across the points of a warm worker, several
 references computing at once) trains the sequential NumPy run's first k steps on the run's own
-training arrays, mapped from shared memory where this process put them once per data set. Each
+training arrays, mapped from shared memory where this process put them once per data set
+(trainer/lifecycle/shared_arrays.py). Each
 child's BLAS threads are the cores the GPUs' ranks leave, shared among the references computing on
 this machine (re-counted after every step from marker files in the cache folder). A file
 lock per key makes processes that need one reference at once compute it once: the others wait,
@@ -25,7 +26,6 @@ from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
-from multiprocessing import shared_memory
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,8 @@ import numpy as np
 
 from trainer.core import model, reference
 from trainer.core.loop import Schedule
+from trainer.lifecycle import shared_arrays
+from trainer.lifecycle.shared_arrays import SharedArray
 from trainer.ranks.backend import visible_gpus
 from trainer.ranks.processes import alive
 
@@ -52,15 +54,6 @@ WORKERS = max(1, min(8, cores() // 4))
 
 
 @dataclass(frozen=True)
-class SharedArray:
-    """An array in shared memory, as a child finds it."""
-
-    name: str
-    shape: tuple[int, ...]
-    dtype: str
-
-
-@dataclass(frozen=True)
 class Reference:
     params: np.ndarray  # the sequential run's weights after its first k steps
     cached: bool  # read from the cache (computed earlier, or by another process while this one waited)
@@ -72,6 +65,7 @@ class Job:
 
     def __init__(self) -> None:
         self.future: Future[Reference] = Future()
+        self.handed = threading.Event()  # this process's part done: read from the cache, failed, or with a child
 
     def done(self) -> bool:
         return self.future.done()
@@ -113,17 +107,24 @@ def _prepare(
     steps: int,
     cache: Path,
 ) -> None:
+    global _sent
     try:
         hashed = fingerprint()
         key = key_of(hashed)
         if (weights := reference.cached(cache, key)) is not None:  # no process needed
             job.future.set_result(Reference(weights, True, key))
             return
-        data = _share(hashed, x, y)
-        params, cached = _pool_submit(compute, data, layout, init, schedule, steps, cache, key).result()
+        data = shared_arrays.share(hashed, x, y)
+        future = _pool_submit(compute, data, layout, init, schedule, steps, cache, key)
+        with _pool_lock:
+            _sent += 1
+        job.handed.set()
+        params, cached = future.result()
         job.future.set_result(Reference(params, cached, key))
     except BaseException as e:  # the check fails with this error; the run it checks is not touched
         job.future.set_exception(e)
+    finally:
+        job.handed.set()
 
 
 def compute(
@@ -139,12 +140,15 @@ def compute(
     key whatever the number of processes asking (the first takes the lock; the others read its file)."""
     from threadpoolctl import ThreadpoolController
 
+    if _begun is not None:  # its parent may go on: nothing of this reference is left for it to send
+        with _begun.get_lock():
+            _begun.value += 1
     cache.mkdir(parents=True, exist_ok=True)
     with open(cache / f"{key}.lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or by the kernel if this process dies
         if (weights := reference.cached(cache, key)) is not None:  # the first to hold the lock wrote it
             return weights, True
-        x, y = (_attach(a) for a in data)
+        x, y = (shared_arrays.attach(a) for a in data)
         blas, threads = ThreadpoolController(), 0
         with _Running(cache) as running:
 
@@ -194,32 +198,15 @@ class _Running:
         self.marker.unlink(missing_ok=True)
 
 
-# In this process: the training arrays of each data set a reference was asked of, in shared memory.
-_shared: dict[str, tuple[list[shared_memory.SharedMemory], tuple[SharedArray, SharedArray]]] = {}
-_shared_lock = threading.Lock()
-
-
-def _share(fingerprint: str, x: np.ndarray, y: np.ndarray) -> tuple[SharedArray, SharedArray]:
-    """The arrays in shared memory, copied there once per data set (the children map them)."""
-    with _shared_lock:
-        if fingerprint not in _shared:
-            blocks, specs = [], []
-            for a in (np.ascontiguousarray(x), np.ascontiguousarray(y)):
-                block = shared_memory.SharedMemory(create=True, size=max(1, a.nbytes))
-                np.ndarray(a.shape, a.dtype, buffer=block.buf)[...] = a
-                blocks.append(block)
-                specs.append(SharedArray(block.name, a.shape, a.dtype.str))
-            _shared[fingerprint] = (blocks, (specs[0], specs[1]))
-        return _shared[fingerprint][1]
-
-
-_attached: dict[str, shared_memory.SharedMemory] = {}  # in a child: the blocks it mapped, kept open
-
-
-def _attach(a: SharedArray) -> np.ndarray:
-    if a.name not in _attached:  # a spawned child shares its parent's resource tracker: one record of the block
-        _attached[a.name] = shared_memory.SharedMemory(name=a.name)
-    return np.ndarray(a.shape, np.dtype(a.dtype), buffer=_attached[a.name].buf)
+def handed_over(jobs: list[Job], timeout: float) -> None:
+    """Wait, at most ``timeout`` s, until these references need nothing more of this process: each
+    read from the cache, failed, or begun in a child. Asked before MPI's start, which holds the GIL
+    for its 0.5-0.7 s (Open MPI): their hashing, sharing and sending would wait for it."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if all(j.handed.is_set() for j in jobs) and (_begun is None or _begun.value >= _sent):
+            return
+        time.sleep(0.005)
 
 
 def warm() -> None:
@@ -231,12 +218,14 @@ def warm() -> None:
 
 _pool: ProcessPoolExecutor | None = None
 _pool_lock = threading.Lock()
+_sent = 0  # references given to the pool's children
+_begun: Any = None  # how many of them the children have begun: a shared counter, given to each child at its start
 _busy: set[Future[Any]] = set()  # the children's jobs not done yet
 _closed = threading.Event()
 
 
 def _pool_submit(fn: Callable[..., Any], *args: Any) -> Future[Any]:
-    global _pool
+    global _pool, _begun
     with _pool_lock:
         if _closed.is_set():  # shutdown() is tearing the pool down: no child to start for it
             raise RuntimeError("the reference's process pool is shutting down")
@@ -244,7 +233,9 @@ def _pool_submit(fn: Callable[..., Any], *args: Any) -> Future[Any]:
             if _pool is None:
                 # spawn, never fork: this process has MPI and maybe a CUDA context.
                 context = multiprocessing.get_context("spawn")
-                _pool = ProcessPoolExecutor(WORKERS, context, initializer=_child_init, initargs=(os.getpid(),))
+                if _begun is None:
+                    _begun = context.Value("l", 0)
+                _pool = ProcessPoolExecutor(WORKERS, context, initializer=_child_init, initargs=(os.getpid(), _begun))
             try:
                 future = _pool.submit(fn, *args)
                 _busy.add(future)
@@ -269,17 +260,14 @@ def shutdown() -> None:
                 for process in list((getattr(pool, "_processes", None) or {}).values()):
                     process.terminate()
             pool.shutdown(wait=True, cancel_futures=True)
-        with _shared_lock:
-            for blocks, _ in _shared.values():
-                for block in blocks:
-                    block.close()
-                    block.unlink()
-            _shared.clear()
+        shared_arrays.free()
     finally:
         _closed.clear()
 
 
-def _child_init(parent: int) -> None:
+def _child_init(parent: int, begun: Any) -> None:
+    global _begun
+    _begun = begun
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the rank's to handle: it ends this pool
     threading.Thread(target=_exit_with, args=(parent,), name="orphan-check", daemon=True).start()
     import threadpoolctl  # noqa: F401  (what compute needs, imported before a reference waits for it)

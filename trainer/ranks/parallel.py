@@ -118,9 +118,20 @@ class World:
         self.comm.Abort(code)
 
 
+# Open MPI, a process that starts MPI alone (a singleton: no mpiexec, no srun): no daemon for it to
+# spawn with and no network transports to probe; 0.3 of Open MPI 4.1's 0.6 s. A setting given wins.
+SINGLETON_MCA = {"OMPI_MCA_ess_singleton_isolated": "1", "OMPI_MCA_pml": "ob1", "OMPI_MCA_btl": "self"}
+
+
 def join_world(nproc: int) -> World:
     """Initialise MPI and check that the world has exactly nproc ranks."""
-    from mpi4py import MPI
+    alone = {} if launched_by_mpi() else {k: v for k, v in SINGLETON_MCA.items() if k not in os.environ}
+    os.environ.update(alone)
+    try:
+        from mpi4py import MPI
+    finally:  # read by MPI's start only: an mpiexec this process runs later must not pass them on
+        for key in alone:
+            del os.environ[key]
 
     comm = MPI.COMM_WORLD
     size = comm.Get_size()

@@ -11,7 +11,9 @@ its sweeper): it never imports MLflow (seconds of CPU, and of the GIL while it t
 journaled from its start, not created (the first line has no run id, only what to create it with),
 and the sweeper, which has MLflow loaded, creates and sends it at every poll. The worker's end
 sends what its sweeper did not (a sweeper gone). The first sender creates the run and notes its id
-in ``journal.run``; a lock on the folder keeps two senders from sending a line twice at once.
+in ``journal.run``; a lock on the folder keeps two senders from sending a line twice at once. A
+run whose point started before its sweep's parent run existed (sweeper/ahead.py) gets its parent
+from ``journal.parent``, which the sweeper writes beside it once the parent is created.
 The byte offset sent so far is kept in ``journal.sent``. A server that is down holds nothing up:
 the thread retries, the run's process waits for it at its end for at most ``DRAIN_S``, and what
 is left is sent by ``python -m sweeper.sync`` (and by the sweep's own end) from the journal
@@ -32,8 +34,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from trainer.metrics import TAG_PARENT
+
 FILE, SENT, FILES = "journal.jsonl", "journal.sent", "journal_files"
 RUN = "journal.run"  # a handed-off run's id, once its first sender created it
+PARENT = "journal.parent"  # a handed-off run's parent run id, where its sweeper created the parent after it
 DONE = "journal.done.jsonl"  # a journal sent in full, kept: a sweep whose server is away reports from it
 DRAIN_S = float(os.environ.get("SWEEPSCALE_SPOOL_DRAIN_S", "30"))  # a run's end waits this long for the server
 RETRY_S = 2.0  # between attempts while the server is down
@@ -92,6 +97,9 @@ class Journal:
         from trainer.record.store import ensure_experiment
 
         head = self.header()
+        tags, parent = head["tags"], self.folder / PARENT
+        if TAG_PARENT not in tags and parent.exists():
+            tags = {**tags, TAG_PARENT: parent.read_text()}
         exp_id = ensure_experiment(client, head["uri"], head["experiment"])
         tag, creating = head["tags"][HANDOFF_TAG], self.folder / f"{RUN}.creating"
         found = []
@@ -101,7 +109,7 @@ class Journal:
         if found:
             run_id = found[0].info.run_id
         else:
-            created = client.create_run(exp_id, start_time=head["start_ms"], tags=head["tags"], run_name=head["name"])
+            created = client.create_run(exp_id, start_time=head["start_ms"], tags=tags, run_name=head["name"])
             run_id = created.info.run_id
         tmp = self.folder / f"{RUN}.tmp"
         tmp.write_text(run_id)
@@ -268,6 +276,13 @@ def send_left(folder: str | os.PathLike) -> list[tuple[Path, str]]:
                 away.add(uri)
             out.append((path, f"not sent: {type(e).__name__}: {e}"[:300]))
     return out
+
+
+def tell_parent(folder: str | os.PathLike, parent_id: str) -> None:
+    """The parent run of the run journaled (or still to be) in ``folder``: its first sender tags it so."""
+    tmp = Path(folder) / f".{PARENT}.tmp"
+    tmp.write_text(parent_id)
+    os.replace(tmp, Path(folder) / PARENT)
 
 
 def bound_waits(seconds: float) -> None:

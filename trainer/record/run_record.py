@@ -89,7 +89,7 @@ def configured_tags(cfg: DictConfig) -> dict[str, str]:
     """The run's tags that its config sets: the sweep's (its id, warm worker) and its parent run."""
     configured = dict(cfg.mlflow.tags)
     if cfg.mlflow.parent_run_id:
-        configured["mlflow.parentRunId"] = cfg.mlflow.parent_run_id
+        configured[metrics.TAG_PARENT] = cfg.mlflow.parent_run_id
     return configured
 
 

@@ -1,0 +1,34 @@
+"""A grid's points started before its store is open, where the store cannot change which of them
+run: a new SQLite store (nothing FINISHED to skip, no checkpoint to resume, no earlier sweep's
+job going on) whose runs this sweeper creates itself from its warm workers' journals
+(sweeper/handoff.py). Their tickets go out as soon as the points are planned, while MLflow
+imports (2-3 s on a GPU node, what the workers' own start takes); each point's config then names
+no parent run. Once MLflow is in and the parent created, each point's folder is told its id
+(trainer/record/journal.py), and the run's first sender tags the run with it. Anywhere else the
+store decides first, then the tickets go (sweep.py's open_sweep)."""
+
+from __future__ import annotations
+
+from sweeper.point_files import prepare
+from sweeper.points import Point
+from sweeper.runners.base import Runner
+from sweeper.watch import Flight, step
+from trainer.record import journal, store
+
+
+def start(runner: Runner, points: list[Point], uri: str, experiment: str, sweep_id: str) -> Flight | None:
+    """The points' configs written and their tickets out, or None where the store must decide first."""
+    db = store.sqlite_file(uri)
+    if db is None or db.exists() or not store.opens_in_background(uri) or not runner.hands_off(points):
+        return None
+    for p in points:
+        prepare(p, uri, experiment, None, sweep_id, checkpoints=False)
+    flight = Flight(list(points))
+    step(runner, flight)  # the tickets: warm workers take them as soon as they are ready
+    return flight
+
+
+def tell_parent(flight: Flight, parent_id: str) -> None:
+    """The sweep's parent run, now created, told to every point started ahead."""
+    for p in [*flight.queued, *flight.started.values()]:
+        journal.tell_parent(p.dir, parent_id)
