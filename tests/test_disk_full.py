@@ -29,6 +29,9 @@ def small_disk(tmp_path: Path):
 def test_a_full_disk_ends_the_sweep_in_a_line_and_the_next_closes_it_with_the_cause(small_disk):
     env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "SWEEPSCALE_CACHE")}  # all on it
     grid = ["hidden=16,32", *FAST]
+    runs(
+        f"sqlite:///{small_disk / 'mlflow.db'}"
+    )  # a store there: the disk fills while the sweep records (not ahead of it)
     full = sweep(grid, small_disk, env=env)
     assert full.returncode == 1, full.stdout + full.stderr
     assert "Error: the disk is full where the sweep writes" in full.stderr, full.stderr
