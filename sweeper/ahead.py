@@ -9,6 +9,9 @@ store decides first, then the tickets go (sweep.py's open_sweep)."""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 from sweeper.point_files import prepare
 from sweeper.points import Point
 from sweeper.runners.base import Runner
@@ -31,4 +34,11 @@ def start(runner: Runner, points: list[Point], uri: str, experiment: str, sweep_
 def tell_parent(flight: Flight, parent_id: str) -> None:
     """The sweep's parent run, now created, told to every point started ahead."""
     for p in [*flight.queued, *flight.started.values()]:
-        journal.tell_parent(p.dir, parent_id)
+        write_parent(p.dir, parent_id)
+
+
+def write_parent(folder: Path, parent_id: str) -> None:
+    """The parent run of the run journaled (or still to be) in ``folder``: its first sender tags it so."""
+    tmp = folder / f".{journal.PARENT}.tmp"
+    tmp.write_text(parent_id)
+    os.replace(tmp, folder / journal.PARENT)

@@ -5,7 +5,6 @@ parent; into a store that exists the store decides first. Real stores, workers a
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -14,46 +13,14 @@ from pathlib import Path
 
 import pytest
 
+from sweeper.ahead import write_parent
+from tests.test_handoff import held_mlflow
 from tests.test_sweeper import FAST, children_of, parents, runs, sweep
 from trainer import metrics
 from trainer.lifecycle import queue_files
 from trainer.record import journal, store, tracking
 
 pytestmark = pytest.mark.mpi
-
-# Imported first by the sweeper: its MLflow import waits for the file HOLD_SWEEPER_UNTIL, as if it
-# took that long (the workers' imports are not held).
-HOLD_SWEEPER = """
-import importlib.abc, os, sys, time
-
-class Hold(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path=None, target=None):
-        if name != "mlflow" or "sweeper/__main__.py" not in (sys.argv[0] if sys.argv else ""):
-            return None
-        spec = next(s for f in sys.meta_path if f is not self and (s := f.find_spec(name, path, target)))
-        run = spec.loader.exec_module
-
-        def exec_module(module):
-            deadline = time.time() + 120
-            while not os.path.exists(os.environ["HOLD_SWEEPER_UNTIL"]) and time.time() < deadline:
-                time.sleep(0.05)
-            run(module)
-
-        spec.loader.exec_module = exec_module
-        return spec
-
-sys.meta_path.insert(0, Hold())
-"""
-
-
-def held_env(tmp_path: Path) -> tuple[dict[str, str], Path]:
-    """The environment of a sweeper whose MLflow import waits for the returned file."""
-    hold = tmp_path / "hold"
-    hold.mkdir()
-    (hold / "sitecustomize.py").write_text(HOLD_SWEEPER)
-    release = tmp_path / "released"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(hold), *sys.path]), "HOLD_SWEEPER_UNTIL": str(release)}
-    return env, release
 
 
 def claimed(tmp_path: Path) -> list[Path]:
@@ -73,7 +40,7 @@ def test_a_grid_into_a_new_store_trains_before_its_parent_exists_and_nests_under
     before it and their configs name no parent; once the parent exists every run nests under it,
     FINISHED with its check. The next sweep, into the store that now exists, records its parent
     first and its points' configs name it."""
-    env, release = held_env(tmp_path)
+    env, release = held_mlflow(tmp_path, "sweeper/__main__.py")
     proc = subprocess.Popen(
         [sys.executable, "-m", "sweeper", "-m", "hidden=16,24", "nproc=1", *FAST, "launcher.cpus=1"],
         cwd=tmp_path,
@@ -128,7 +95,7 @@ def test_a_handed_off_run_told_its_parent_after_it_started_nests_under_it(mlflow
         )
         recorder.metric(metrics.TRAIN_LOSS, 0.5, 0)
         recorder.finish("FINISHED")
-        journal.tell_parent(folder, parent)
+        write_parent(folder, parent)
         if send == "sweeper":
             assert journal.Journal(folder).send(client)
         else:
@@ -142,7 +109,9 @@ def test_ctrl_c_while_points_train_ahead_of_the_store_leaves_no_run_open(tmp_pat
     """A Ctrl-C once a worker has claimed a point, the sweeper still in its MLflow import: the sweep
     ends 130, its workers end their points KILLED and send their runs themselves; nothing is left
     RUNNING or unsent, no point has two runs."""
-    env, _release = held_env(tmp_path)  # never released: the sweeper has no MLflow when the Ctrl-C comes
+    env, _release = held_mlflow(
+        tmp_path, "sweeper/__main__.py"
+    )  # never released: the sweeper has no MLflow when the Ctrl-C comes
     cmd = [sys.executable, "-m", "sweeper", "-m", "hidden=8,16", "nproc=1", "epochs=100000", "data.n_train=200"]
     proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.time() + 120

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -14,14 +15,15 @@ from tests.test_sweeper import FAST, children_of, parents, runs, sweep
 from trainer import metrics
 from trainer.record import journal, store, tracking
 
-# Imported first by every Python process of the sweep: MLflow's import in a warm worker waits for
-# the sweep's end (the file RELEASE), as if it took that long. The sweeper's own import is not held.
+# Imported first by every Python process of the sweep: MLflow's import in the process whose command
+# names WHO (a warm worker's, a sweeper's) waits for the sweep's end (the file HOLD_MLFLOW_UNTIL
+# names), as if it took that long. The other processes' imports are not held.
 HOLD_MLFLOW = """
 import importlib.abc, os, sys, time
 
 class Hold(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path=None, target=None):
-        if name != "mlflow" or "trainer/worker.py" not in (sys.argv[0] if sys.argv else ""):
+        if name != "mlflow" or "WHO" not in (sys.argv[0] if sys.argv else ""):
             return None
         spec = next(s for f in sys.meta_path if f is not self and (s := f.find_spec(name, path, target)))
         run = spec.loader.exec_module
@@ -37,6 +39,17 @@ class Hold(importlib.abc.MetaPathFinder):
 
 sys.meta_path.insert(0, Hold())
 """
+
+
+def held_mlflow(tmp_path: Path, who: str) -> tuple[dict[str, str], Path]:
+    """The environment of a sweep whose ``who`` (``trainer/worker.py``, ``sweeper/__main__.py``)
+    imports MLflow only once the returned file exists."""
+    hold = tmp_path / "hold"
+    hold.mkdir()
+    (hold / "sitecustomize.py").write_text(HOLD_MLFLOW.replace("WHO", who))
+    release = tmp_path / "released"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(hold), *sys.path]), "HOLD_MLFLOW_UNTIL": str(release)}
+    return env, release
 
 
 def history(uri: str, run_id: str, key: str) -> list[tuple[int, float]]:
@@ -121,12 +134,8 @@ def test_a_sender_that_died_before_noting_the_run_finds_it_instead_of_creating_a
 def test_a_sweep_whose_workers_never_load_mlflow_records_every_run(tmp_path, mlflow_uri):
     """The workers' MLflow import held until the sweep has ended: every run is handed off and the
     sweeper records it whole; the same runs as a sweep whose workers record them themselves."""
-    hold = tmp_path / "hold"
-    hold.mkdir()
-    (hold / "sitecustomize.py").write_text(HOLD_MLFLOW)
-    release = tmp_path / "released"
+    env, release = held_mlflow(tmp_path, "trainer/worker.py")
     args = ["hidden=16,24", "nproc=1", *FAST, "launcher.cpus=1"]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(hold), *sys.path]), "HOLD_MLFLOW_UNTIL": str(release)}
     held = sweep(args, tmp_path, env=env)
     release.touch()
     assert held.returncode == 0, held.stdout + held.stderr

@@ -11,14 +11,12 @@ its sweeper): it never imports MLflow (seconds of CPU, and of the GIL while it t
 journaled from its start, not created (the first line has no run id, only what to create it with),
 and the sweeper, which has MLflow loaded, creates and sends it at every poll. The worker's end
 sends what its sweeper did not (a sweeper gone). The first sender creates the run and notes its id
-in ``journal.run``; a lock on the folder keeps two senders from sending a line twice at once. A
-run whose point started before its sweep's parent run existed (sweeper/ahead.py) gets its parent
-from ``journal.parent``, which the sweeper writes beside it once the parent is created.
-The byte offset sent so far is kept in ``journal.sent``. A server that is down holds nothing up:
-the thread retries, the run's process waits for it at its end for at most ``DRAIN_S``, and what
-is left is sent by ``python -m sweeper.sync`` (and by the sweep's own end) from the journal
-alone. A line may be sent twice (a crash between sending and noting it): every write is
-idempotent there, metrics too, as a metric is stored once per (key, step, time, value).
+in ``journal.run``; a lock on the folder keeps two senders from sending a line twice at once. A run
+started before its sweep's parent existed (sweeper/ahead.py) is told it in ``journal.parent``.
+The byte offset sent is kept in ``journal.sent``. A server that is down holds nothing up: the
+thread retries, the run's process waits for it at its end for at most ``DRAIN_S``, and what is
+left is sent by ``python -m sweeper.sync`` (and by the sweep's end) from the journal alone. A line
+may be sent twice (a crash between sending and noting it): every write is idempotent there.
 """
 
 from __future__ import annotations
@@ -46,6 +44,7 @@ BATCH = 1000  # MLflow's limit of metrics per log_batch call
 HANDOFF_TAG = "sweepscale.handoff"  # a handed-off run's journal id: finds a run created but not noted
 HANDOFF_ENV = "SWEEPSCALE_HANDOFF"  # "1": set by a sweeper that sends its warm workers' runs (no checkpoints)
 HANDOFF_WAIT_S = 5.0  # how long a worker's end waits for its sweeper to send them, before it sends them itself
+PARENT_WAIT_S = 120.0  # and how much longer for a run started ahead of its parent, while the sweeper lives
 
 
 class Journal:
@@ -84,6 +83,14 @@ class Journal:
             return self.header()["run_id"] is None
         except (OSError, ValueError):  # sent meanwhile, or its first line being written
             return False
+
+    def awaits_parent(self) -> bool:
+        """A handed-off run whose point started before its sweep's parent run existed, not yet told it."""
+        try:
+            head = self.header()
+        except (OSError, ValueError):  # sent meanwhile, or its first line being written
+            return False
+        return head["run_id"] is None and TAG_PARENT not in head["tags"] and not (self.folder / PARENT).exists()
 
     def run_id(self) -> str | None:
         """The run's id: the first line's, or, for a handed-off run, the one its first sender created."""
@@ -276,13 +283,6 @@ def send_left(folder: str | os.PathLike) -> list[tuple[Path, str]]:
                 away.add(uri)
             out.append((path, f"not sent: {type(e).__name__}: {e}"[:300]))
     return out
-
-
-def tell_parent(folder: str | os.PathLike, parent_id: str) -> None:
-    """The parent run of the run journaled (or still to be) in ``folder``: its first sender tags it so."""
-    tmp = Path(folder) / f".{PARENT}.tmp"
-    tmp.write_text(parent_id)
-    os.replace(tmp, Path(folder) / PARENT)
 
 
 def bound_waits(seconds: float) -> None:
