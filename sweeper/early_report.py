@@ -30,8 +30,8 @@ class EarlyReport:
     def __call__(self, flight: Flight) -> None:
         if self.thread is not None or flight.queued or not flight.running:
             return
-        folders = [p.dir for p, _job in flight.running.values()]
-        if all((d / queue_files.TRAINED).exists() for d in folders):
+        if all((p.dir / queue_files.TRAINED).exists() for p, _job in flight.running.values()):
+            folders = [p.dir for p in flight.started.values()]  # every run, whole: the figures its report reuses
             self.thread = threading.Thread(target=self._build, args=(folders,), name="early-report", daemon=True)
             self.thread.start()
 
@@ -42,7 +42,7 @@ class EarlyReport:
                 drawing.remember()
                 from sweeper.report import report_for
 
-                self.record.send_handed_off(folders)  # their training, in the store before it is read
+                self.record.send_handed_off(folders, budget_s=None)  # their training in the store before it is read
                 parent = self.record.client.get_run(self.record.parent_id)
                 report_for(self.record.client, [parent], self.folder, attach=False, target=self.target)
             except Exception:  # the sweep's own report says what is wrong

@@ -11,8 +11,6 @@ import math
 from pathlib import Path
 from typing import Any
 
-from matplotlib.ticker import MaxNLocator
-
 from sweeper.report import analysis
 from sweeper.report.plotting import finite_max, fmt, grid, key_legend, palette, save, use_log
 from sweeper.report.study import Point
@@ -134,6 +132,8 @@ def loss_curves(points: list[Point], axis: list[str], out: Path) -> Path:
 
 def precision_and_finals(points: list[Point], axis: list[str], out: Path) -> Path:
     """Precision against epoch; final precision and loss against each axis, the best marked."""
+    from matplotlib import ticker
+
     colour_key, _ = _keys(axis)
     colours = palette([p.get(colour_key) if colour_key else p.name for p in points])
     shown = [k for k in axis if k != "nproc"] or list(axis) or [None]
@@ -148,7 +148,7 @@ def precision_and_finals(points: list[Point], axis: list[str], out: Path) -> Pat
                 colour = colours[fmt(p.get(colour_key)) if colour_key else p.name]
                 a.plot(xs, ys, marker=".", color=colour, label=_label(p, colour_key))
         a.set(xlabel="epoch", ylabel=ylabel, title=f"{ylabel} by epoch")
-        a.xaxis.set_major_locator(MaxNLocator(integer=True))
+        a.xaxis.set_major_locator(ticker.MaxNLocator(integer=True))
         if col == 1:
             _log_if_wide(a, [v for p in points for _e, v in p.loss_epoch])
     if colour_key:

@@ -52,10 +52,10 @@ def warm_up(workers: int | None = None, early: bool = False) -> None:
 
 
 def warm_up_here() -> None:
-    """The sweeper draws a figure itself while every child draws one (all of them without children): import
-    the report's modules here too, in a thread (matplotlib's pyplot alone is half a second), once
-    the store is open (MLflow's import, before, is what the sweep's first points wait for). Only
-    from ``EARLY_CORES``: on fewer, the cores are the workers' while the points run."""
+    """The report's modules imported here too, in a thread, once the store is open (MLflow's import,
+    before, is what the sweep's runs wait for): matplotlib not among them, which only a figure drawn
+    here imports (while every child draws one, or without children). Only from ``EARLY_CORES``: on
+    fewer, the cores are the workers' while the points run."""
     global _here
     if _here is None and _spare_cores():
         _here = threading.Thread(target=_imports_here, name="report-imports", daemon=True)
@@ -75,13 +75,13 @@ def _spare_cores() -> bool:
 
 def _imports_here() -> None:
     with contextlib.suppress(Exception):  # the report says what is wrong when it is built
-        _ready_to_draw()
+        import sweeper.report.publish
+        import sweeper.report.study  # noqa: F401
 
 
 def _imports() -> None:
-    atexit.register(
-        os._exit, 0
-    )  # a child ends without the teardown of matplotlib's modules: 0.15 s the sweep waited for
+    # A child ends without the teardown of matplotlib's modules: 0.15 s the sweep's end waited for.
+    atexit.register(os._exit, 0)
     if sys.platform == "linux":  # SIGTERM when the sweeper is gone (SIGKILLed, it shuts down no pool)
         ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
         if os.getppid() == 1:  # gone before that
@@ -105,7 +105,7 @@ def _draw_once() -> None:
     fills the renderer's caches (0.15-0.25 s), paid here while the points run."""
     from io import BytesIO
 
-    from sweeper.report.plotting import grid, plt
+    from sweeper.report.plotting import grid, pyplot
 
     fig, axes = grid(1, 1)
     axes[0][0].plot([1, 2], [1, 2], label="warm-up")
@@ -113,7 +113,7 @@ def _draw_once() -> None:
     axes[0][0].legend()
     fig.suptitle("warm-up")
     fig.savefig(BytesIO(), format="png", bbox_inches="tight")
-    plt.close(fig)
+    pyplot().close(fig)
 
 
 def draw(fn: Callable[..., Any], *args: Any) -> Future[Any]:

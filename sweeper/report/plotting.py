@@ -1,19 +1,31 @@
-"""What every figure of the report shares: the Agg backend, colours by value, saving."""
+"""What every figure of the report shares: the Agg backend, colours by value, saving. matplotlib is
+imported where a figure is drawn (the drawing children), not where the report is only read and
+written (the sweeper, whose import of it took half a second beside MLflow's)."""
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import matplotlib
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
-matplotlib.use("Agg")  # files only: no display, the same pixels on every machine
-import matplotlib.pyplot as plt
-from matplotlib.figure import Figure
 
-plt.rcParams.update({"figure.dpi": 100, "axes.grid": True, "grid.alpha": 0.3, "font.size": 9, "legend.fontsize": 8})
+@functools.cache
+def pyplot() -> Any:
+    """matplotlib's pyplot, set up once."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: no display, the same pixels on every machine
+    import matplotlib.pyplot as plt
+
+    plt.rcParams.update({"figure.dpi": 100, "axes.grid": True, "grid.alpha": 0.3, "font.size": 9, "legend.fontsize": 8})
+    return plt
+
+
 # Axes whose values span decades read better on a log scale.
 LOG_AXES = ("lr", "reg", "batch_size", "hidden")
 
@@ -30,14 +42,14 @@ def palette(values: Sequence[Any]) -> dict[str, Any]:
     numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
     if numeric and len(keys) > 1:
         ordered = sorted(dict.fromkeys(values))
-        cmap = plt.get_cmap("viridis")
+        cmap = pyplot().get_cmap("viridis")
         return {fmt(v): cmap(0.9 * i / (len(ordered) - 1)) for i, v in enumerate(ordered)}
-    cmap = plt.get_cmap("tab10" if len(keys) <= 10 else "tab20")
+    cmap = pyplot().get_cmap("tab10" if len(keys) <= 10 else "tab20")
     return {k: cmap(i % cmap.N) for i, k in enumerate(keys)}
 
 
 def grid(rows: int, cols: int, width: float = 4.2, height: float = 3.2) -> tuple[Figure, Any]:
-    fig, ax = plt.subplots(rows, cols, figsize=(width * cols, height * rows), squeeze=False, layout="constrained")
+    fig, ax = pyplot().subplots(rows, cols, figsize=(width * cols, height * rows), squeeze=False, layout="constrained")
     return fig, ax
 
 
@@ -48,7 +60,7 @@ def use_log(key: str, values: Sequence[Any]) -> bool:
 
 def save(fig: Figure, path: Path) -> Path:
     fig.savefig(path, format="png", bbox_inches="tight", pad_inches=0.15)  # nothing clipped: titles, notes below
-    plt.close(fig)
+    pyplot().close(fig)
     return path
 
 

@@ -9,8 +9,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from matplotlib.ticker import NullFormatter
-
 from sweeper.report.analysis import seconds_to_target
 from sweeper.report.plotting import fmt, grid, palette, save, use_log
 from sweeper.report.study import Point
@@ -42,6 +40,8 @@ def best_so_far(values: Sequence[float], maximize: bool) -> list[float]:
 def figure(points: Sequence[Point], search: dict[str, Any], out: Path) -> Path | str:
     """Objective by trial (best so far as a step line), the objective against each searched key,
     and each key's importance where the search found it. ``search``: the parent's tag (sweeper/search.py)."""
+    from matplotlib import ticker
+
     objective, direction, importance = search["objective"], search["direction"], search.get("importance", {})
     rows = trials(points, objective, search.get("target"))
     if not rows:
@@ -72,7 +72,7 @@ def figure(points: Sequence[Point], search: dict[str, Any], out: Path) -> Path |
             a.plot([x], [v], "x" if n in missed else "o", color=colours[fmt(p.nproc)])
         if use_log(key, xs):
             a.set_xscale("log")
-            a.xaxis.set_minor_formatter(NullFormatter())  # decades labelled; minor labels overlap
+            a.xaxis.set_minor_formatter(ticker.NullFormatter())  # decades labelled; minor labels overlap
         a.set(xlabel=key, ylabel=objective, title=f"{objective} against {key}")
     if importance:  # Optuna's fANOVA: each key's share of the objective's variance
         a = ax[0][-1]
