@@ -75,8 +75,7 @@ def _spare_cores() -> bool:
 
 def _imports_here() -> None:
     with contextlib.suppress(Exception):  # the report says what is wrong when it is built
-        import sweeper.report.publish
-        import sweeper.report.study  # noqa: F401
+        _report_modules()
 
 
 def _imports() -> None:
@@ -90,14 +89,19 @@ def _imports() -> None:
 
 
 def _ready_to_draw() -> None:
-    """Every figure's module imported (matplotlib, jinja2), and a first figure drawn."""
+    """Every figure's module imported, matplotlib too, and a first figure drawn."""
+    _report_modules()
+    _draw_once()
+
+
+def _report_modules() -> None:
+    """Every figure's module (matplotlib only once a figure is drawn), the page's (jinja2), the study's."""
     import sweeper.report.convergence
     import sweeper.report.page
     import sweeper.report.roofline
     import sweeper.report.scaling
+    import sweeper.report.study
     import sweeper.report.time_to_target  # noqa: F401
-
-    _draw_once()
 
 
 def _draw_once() -> None:
