@@ -159,8 +159,9 @@ class LocalRunner(WithoutScheduler):
 
     def _end_unstarted(self) -> None:
         """Warm workers whose job wrote no log ``launcher.start_grace_s`` after its start: its
-        controller started no task (seen rarely, cause unknown); ended (its session killed), so
-        that the pool starts a fresh worker for its points at once."""
+        controller started no task (seen rarely: one cause, its job's folder made too late, is gone,
+        local_jobs.py); ended (its session killed), so that the pool starts a fresh worker for its
+        points at once."""
         grace = self.launcher.start_grace_s
         for job in self.pool.live_jobs():
             started = self.submitted.get(job.job_id)

@@ -33,7 +33,7 @@ class LocalExecutor(submitit.LocalExecutor):
     """submitit's LocalExecutor, its jobs detached from the sweeper's terminal."""
 
     def _submit_command(self, command: str) -> Any:
-        with _own_sessions():
+        with _own_sessions(str(self.folder)):
             return super()._submit_command(command)
 
 
@@ -42,8 +42,13 @@ _PRCTL = ctypes.CDLL(None, use_errno=True).prctl if sys.platform == "linux" else
 _SWEEPER = os.getpid()
 
 
-def _end_with_the_sweeper() -> None:
-    """In the child, before submitit's controller starts: SIGTERM when the sweeper is gone."""
+def _start_controller(folder: str) -> None:
+    """In the child, before submitit's controller starts: its job's folder made, and SIGTERM when the
+    sweeper is gone. submitit makes the folder (named by the controller's pid) once the controller
+    has started; on a busy machine the controller, opening its logs there first, failed ("No such
+    file or directory: .../<pid>_0_log.out") and no task started."""
+    with contextlib.suppress(OSError):  # a full disk: the controller says so itself
+        os.makedirs(folder.replace("%j", str(os.getpid())), exist_ok=True)
     if _PRCTL is not None:
         _PRCTL(PR_SET_PDEATHSIG, signal.SIGTERM)
         if os.getppid() != _SWEEPER:  # it died before the request: no signal will come
@@ -51,9 +56,10 @@ def _end_with_the_sweeper() -> None:
 
 
 @contextlib.contextmanager
-def _own_sessions() -> Iterator[None]:
+def _own_sessions(folder: str) -> Iterator[None]:
     module = submitit_local.subprocess
-    popen = functools.partial(subprocess.Popen, start_new_session=True, preexec_fn=_end_with_the_sweeper)
+    before = functools.partial(_start_controller, folder)
+    popen = functools.partial(subprocess.Popen, start_new_session=True, preexec_fn=before)
     submitit_local.subprocess = SimpleNamespace(Popen=popen)
     try:
         yield
