@@ -22,7 +22,7 @@ from trainer.record import journal, store
 def start(runner: Runner, points: list[Point], uri: str, experiment: str, sweep_id: str) -> Flight | None:
     """The points' configs written and their tickets out, or None where the store must decide first."""
     db = store.sqlite_file(uri)
-    if db is None or db.exists() or not store.opens_in_background(uri) or not runner.hands_off(points):
+    if db is None or db.exists() or not runner.hands_off(points):
         return None
     for p in points:
         prepare(p, uri, experiment, None, sweep_id, checkpoints=False)

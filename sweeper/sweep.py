@@ -165,8 +165,8 @@ def open_sweep(
 ) -> tuple[list[Point], dict[str, str], dict[int, tuple[Point, EarlierJob]]]:
     """Close the sweeps whose sweeper died, find what earlier sweeps finished or still train, record
     the parent run and write each point's config (``ahead_of_store``: written, its points started
-    before the store was open, sweeper/ahead.py): the points to run, the hashes of those done before (-> their
-    runs) and the points an earlier sweep's live job trains (index -> its job)."""
+    before the store was open, sweeper/ahead.py): the points to run, the hashes of those done
+    before (-> their runs) and the points an earlier sweep's live job trains (index -> its job)."""
     closed, going_on = record.close_orphans(runner.live)
     for dead_id, folder in closed:  # its live jobs end after the points they train: this sweep runs the rest
         cancelled = runner.cancel_pending(f"sweepscale-{dead_id}")

@@ -83,7 +83,9 @@ class LocalRunner(WithoutScheduler):
         return self.n_gpus if shape.gpus_per_task else self.n_cpus
 
     def hands_off(self, points: list[Point]) -> bool:
-        return self.pool is not None and all(p.nproc == 1 for p in points)  # trainer/warm_up.py hands_off
+        from trainer.warm_up import hands_off  # the workers' own rule, with the store and hand-off this sweep set
+
+        return self.pool is not None and all(hands_off(p.nproc) for p in points)
 
     def prestart(self, points: list[Point]) -> None:
         """Warm: open the queues and start their workers now; they wait for the tickets."""
