@@ -24,8 +24,46 @@ FAST = ["epochs=2", "batch_size=50", "data.n_train=200", "data.n_test=50"]
 
 
 def sweep(args: list[str], cwd: Path, timeout: float = 240, env: dict | None = None) -> subprocess.CompletedProcess:
+    """The sweep's command in ``cwd``. One still running after ``timeout`` is stopped as a user's
+    Ctrl-C would (its jobs cancelled) and the test fails with what it printed, its points' logs and
+    the cluster's queue: a hang in CI then says where."""
     cmd = [sys.executable, "-m", "sweeper", "-m", *args]
-    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env or os.environ)
+    pipe = subprocess.PIPE
+    proc = subprocess.Popen(cmd, cwd=cwd, stdout=pipe, stderr=pipe, text=True, env=env or os.environ)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        cluster = cluster_state()  # before the Ctrl-C cancels the jobs
+        proc.send_signal(signal.SIGINT)
+        try:
+            out, err = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+        pytest.fail(f"the sweep ran past {timeout} s\n{hang_report(cwd, out, err)}{cluster}", pytrace=False)
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def hang_report(cwd: Path, out: str, err: str) -> str:
+    """What a sweep that hung leaves to read: its output and its points' logs' tails."""
+    parts = [f"--- stdout\n{out[-6000:]}", f"--- stderr\n{err[-6000:]}"]
+    for log in sorted(cwd.glob("multirun/*/*/*/*.log")):
+        try:
+            parts.append(f"--- {log.relative_to(cwd)}\n{log.read_text(errors='replace')[-3000:]}")
+        except OSError as e:  # a link to a job's log not yet written
+            parts.append(f"--- {log.relative_to(cwd)}: {e}")
+    return "\n".join(parts)
+
+
+def cluster_state() -> str:
+    """Slurm's queue and nodes, with their reasons, where Slurm answers."""
+    if not shutil.which("squeue"):
+        return ""
+    said = ""
+    for what in (["squeue", "-o", "%i %P %j %T %M %R"], ["sinfo", "-N", "-o", "%N %P %T %E"]):
+        done = subprocess.run(what, capture_output=True, text=True)
+        said += f"\n--- {what[0]}\n{done.stdout}{done.stderr}"
+    return said
 
 
 def runs(uri: str):
