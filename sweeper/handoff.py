@@ -6,6 +6,7 @@ in the watch, never inside SQLAlchemy), and each finished point's once more; the
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -39,7 +40,11 @@ class HandoffSender:
                     self.ended.append(flight.started[i].dir)
 
     def _run(self) -> None:
-        while not self.stopped.wait(self.poll_s):
+        begun = time.monotonic()
+        # Every poll_s from the last look's start, not after its sends: a thread behind (a run's send
+        # is ~30 ms, tiny points end faster) catches up at once instead of idling a poll between.
+        while not self.stopped.wait(max(0.0, begun + self.poll_s - time.monotonic())):
+            begun = time.monotonic()
             with self.lock:
                 folders, self.ended = self.running + [f for f in self.ended if f not in self.running], []
             self.record.send_handed_off(folders)

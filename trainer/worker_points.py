@@ -4,7 +4,6 @@ references, started ahead of their training on a GPU worker."""
 
 from __future__ import annotations
 
-import functools
 import json
 from pathlib import Path
 from typing import Any
@@ -23,25 +22,13 @@ def load_values(path: Path) -> Any:
     """A trainer config from its resolved values in a JSON file, typed and checked (load_point)."""
     from omegaconf import OmegaConf
 
+    from trainer.config import schema
+
     with open(path) as f:
         values = json.load(f)
-    cfg = OmegaConf.merge(_schema(), values)
+    cfg = OmegaConf.merge(schema(), values)  # merge copies its first: the schema stays as built
     OmegaConf.set_struct(cfg, True)  # as Hydra composes it: a key set later that does not exist is refused
     return cfg
-
-
-@functools.cache
-def _schema_once() -> Any:
-    from omegaconf import OmegaConf
-
-    from trainer.config import TrainerConfig
-
-    return OmegaConf.structured(TrainerConfig)
-
-
-def _schema() -> Any:
-    """A fresh typed TrainerConfig (struct: an unknown key is refused), built once per worker."""
-    return _schema_once().copy()
 
 
 class Datasets:
