@@ -88,7 +88,7 @@ class DebugLauncherConfig(LauncherConfig):
 class SweepOptions:
     dry_run: bool = False  # preview the points and their resources; submit nothing
     force: bool = False  # rerun points that already have a FINISHED run
-    poll_s: float = 0.2
+    poll_s: float = 0.1  # the watch's look at the jobs; each is a few file checks (squeue rate-limited apart)
     # At the sweep's end, the longest wait on one call to a tracking server (http): what a server that
     # does not answer cannot take waits in journals for `python -m sweeper.sync`.
     store_wait_s: float = 10.0
