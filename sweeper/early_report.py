@@ -3,11 +3,14 @@
 the report from the store as it is then, its figures in the drawing children. The sweep's own
 report, once the checks have landed, draws again only what they changed, the weight error: a
 figure asked again with equal inputs is not redrawn (sweeper/report/drawing.py), and every figure
-but the weight error's reads the points without their check (study.Point.without_check)."""
+but the weight error's reads the points without their check (study.Point.without_check). A check
+of a few steps lands within CHECKS_GRACE_S of its training: waited for, the weight error too is
+drawn once (redrawn after the others, it was 0.3 s at the end of the headline's sweep)."""
 
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -18,6 +21,8 @@ from trainer.lifecycle import queue_files
 if TYPE_CHECKING:
     from sweeper.records import SweepRecord
     from sweeper.watch import Flight
+
+CHECKS_GRACE_S = 1.0  # how long the figures wait for checks still computing once every point trained
 
 
 class EarlyReport:
@@ -36,6 +41,9 @@ class EarlyReport:
             self.thread.start()
 
     def _build(self, folders: list[Path]) -> None:
+        until = time.monotonic() + CHECKS_GRACE_S
+        while time.monotonic() < until and not all((f / queue_files.RESULT).exists() for f in folders):
+            time.sleep(0.02)  # a point's result is written once its check has landed
         with phase("report: figures while the checks land"):
             try:
                 drawing.imported()

@@ -200,3 +200,30 @@ def test_report_of_an_unknown_sweep_names_it(study_sweep):
     result = report_cli(["nosuchid"], tmp)
     assert result.returncode != 0
     assert "no sweep 'nosuchid' in this experiment; recent sweep ids:" in result.stderr
+
+
+def test_the_weight_errors_figure_is_kept_while_its_errors_are_unchanged(tmp_path, monkeypatch):
+    """The figure reads each point's config and check errors alone (study.Point.only_check): asked
+    again once the runs' other records changed (their losses, a tag set at the end), it is kept, not
+    drawn again; asked with another error, it is drawn again."""
+    from sweeper.report import convergence, drawing
+    from sweeper.report.study import Point
+
+    key = metrics.weight_error("max")
+
+    def points(tag: str, error: float) -> list[Point]:
+        return [
+            Point(f"hidden={h}", f"run{h}", "s1", "FINISHED", {"hidden": h}, {key: error * h, "loss": 1 / h},
+                  {"sweepscale.job": tag}, loss=[(1, 2.0), (2, 1.0 if tag == "early" else 0.9)])
+            for h in (16, 32)
+        ]  # fmt: skip
+
+    monkeypatch.setattr(drawing, "_made", None)  # this test's memo only
+    drawing.remember()
+    out = tmp_path / "weight_error.png"
+    first = drawing.draw(convergence.weight_error, [p.only_check() for p in points("early", 1e-6)], ["hidden"], out)
+    drawn = out.stat().st_mtime_ns
+    again = drawing.draw(convergence.weight_error, [p.only_check() for p in points("late", 1e-6)], ["hidden"], out)
+    assert again is first and out.stat().st_mtime_ns == drawn
+    other = drawing.draw(convergence.weight_error, [p.only_check() for p in points("late", 2e-6)], ["hidden"], out)
+    assert other is not first and other.result() == out and out.stat().st_mtime_ns != drawn

@@ -77,7 +77,7 @@ def build(study: Study, folder: Path, target: float | None = None) -> Report:
             convergence.precision_and_finals, drawable, axis, folder / "finals.png"
         )
         drawn["Weight error against the CPU reference"] = draw(
-            convergence.weight_error, finished, axis, folder / "weight_error.png"
+            convergence.weight_error, [p.only_check() for p in finished], axis, folder / "weight_error.png"
         )
     fams = [(f, families.family_rows(drawable, f)) for f in families.families(configs, order)]
     for kind in ("strong", "weak"):

@@ -59,6 +59,19 @@ class Point:
             tags={k: v for k, v in self.tags.items() if k not in CHECK_TAGS},
         )
 
+    def only_check(self) -> Point:
+        """This point as the weight error's figure reads it: its config and its check's errors, so
+        that a figure drawn once the checks landed is not drawn again for a change elsewhere."""
+        return Point(
+            self.name,
+            self.run_id,
+            self.sweep_id,
+            self.status,
+            self.config,
+            metrics={k: v for k, v in self.metrics.items() if k.startswith(metrics.CHECK_PREFIX)},
+            tags={},
+        )
+
     @cached_property
     def diverged(self) -> Divergence | None:
         """Where the loss turned NaN or rose past its start (None: it did not)."""
