@@ -217,6 +217,22 @@ def test_a_prefetched_reference_is_the_one_the_point_then_finds(idx_dir, tmp_pat
     assert check.prefetch(compose(["check.reference=false"]), ds, schedule) is None
 
 
+def test_a_configs_initial_weights_are_made_once_and_cannot_be_written(idx_dir):
+    """The prefetch's initial weights are the point's own (check.first_weights): one array, made once,
+    read-only, since the run and its reference share it; another seed makes other weights."""
+    from tests.conftest import compose
+    from trainer.lifecycle import check
+
+    cfg = compose(["hidden=16"])
+    ds = data.load(str(idx_dir), 57, None, cfg.dtype.value)
+    layout, init = check.first_weights(cfg, ds.n_features)
+    assert check.first_weights(compose(["hidden=16"]), ds.n_features)[1] is init
+    with pytest.raises(ValueError, match="read-only"):
+        init[0] = 1.0
+    np.testing.assert_array_equal(init, model.init_params(layout, 0, cfg.dtype.value, cfg.model.init.value))
+    assert not np.array_equal(check.first_weights(compose(["hidden=16", "seed=1"]), ds.n_features)[1], init)
+
+
 def test_a_worker_waits_until_its_first_references_are_begun_in_their_children(idx_dir, tmp_path):
     """Before MPI's start (which holds the GIL) a GPU worker waits until its references need nothing
     more of it: begun in a child, here held at the key's lock so that it has begun but not ended,

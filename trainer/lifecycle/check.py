@@ -46,7 +46,8 @@ def first_weights(cfg: DictConfig, n_features: int) -> tuple[model.Layout, np.nd
 @functools.lru_cache(maxsize=8)
 def _initial(layout: model.Layout, seed: int, dtype: str, init: str) -> np.ndarray:
     """Made once per worker: a GPU worker's prefetch made them for the references while it warmed up
-    (H=2048's: 80 ms on the point's path, the references busy on the cores). Read-only: shared."""
+    (H=2048's: 80 ms on the point's path, the references busy on the cores). The last 8 configs' are
+    kept: a grid of more finds some made again, and holds at most 8 models' weights. Read-only."""
     flat = model.init_params(layout, seed, dtype, init)
     flat.flags.writeable = False  # the run trains a copy, the reference its own (shared memory)
     return flat
