@@ -46,7 +46,8 @@ class HandoffSender:
         while not self.stopped.wait(max(0.0, begun + self.poll_s - time.monotonic())):
             begun = time.monotonic()
             with self.lock:
-                folders, self.ended = self.running + [f for f in self.ended if f not in self.running], []
+                # ended first: a point's end is in the store before the run its worker began next
+                folders, self.ended = [f for f in self.ended if f not in self.running] + self.running, []
             self.record.send_handed_off(folders)
 
     def stop(self) -> None:

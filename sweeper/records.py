@@ -50,12 +50,14 @@ class SweepRecord:
         of it). A journal that fails now is sent again at the next look, and at the sweep's end."""
         if store.sqlite_file(self.uri) is None:  # only a SQLite store's runs are handed off
             return
-        for folder in folders:
-            if (folder / journal.FILE).exists():
-                try:
-                    journal.Journal(folder).send(self.client, budget_s=budget_s)
-                except Exception:  # e.g. its first line being written: the next poll
-                    continue
+        # The journals there before any is sent: one begun meanwhile waits for the next look, after
+        # what its worker wrote before it (its previous point's end), so that the store does not show
+        # a worker's next run RUNNING beside its last one still RUNNING (a status read between).
+        for folder in [f for f in folders if (f / journal.FILE).exists()]:
+            try:
+                journal.Journal(folder).send(self.client, budget_s=budget_s)
+            except Exception:  # e.g. its first line being written: the next poll
+                continue
 
     def finished_hashes(self) -> dict[str, str]:
         """config hash -> id of a FINISHED run of it in this experiment (the resume key)."""
