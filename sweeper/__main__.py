@@ -15,10 +15,8 @@ from sweeper.config import FLAGS, register, reject_renamed
 from trainer.errors import ConfigError
 from trainer.override_checks import check_old_keys, check_repeated
 from trainer.ranks.processes import run_then_exit
-from trainer.record import store
 
 register()
-FLAGS_WITHOUT_STORE = {"--help", "-h", "--cfg", "-c", "--info", "sweep.dry_run=true", "--dry-run"}
 
 
 @hydra.main(config_path="../conf", config_name="sweep", version_base="1.3")
@@ -39,11 +37,4 @@ if __name__ == "__main__":
     except ConfigError as e:
         print(f"Error: {e}", file=sys.stderr)
         sys.exit(2)
-    if "-m" in sys.argv and not FLAGS_WITHOUT_STORE.intersection(sys.argv):
-        # Modules both threads import, first here: two threads importing the modules of an import
-        # cycle at once can fail in one ("_DeadlockError ... importlib.resources.abc", seen once).
-        import importlib.metadata
-        import importlib.resources.abc  # noqa: F401
-
-        store.open_ahead()  # MLflow's import (seconds) beside Hydra's composition, not after it
     run_then_exit(main)  # without Python's teardown: a second of the command's time

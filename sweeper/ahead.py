@@ -19,10 +19,15 @@ from sweeper.watch import Flight, step
 from trainer.record import journal, store
 
 
+def possible(runner: Runner, points: list[Point], uri: str) -> bool:
+    """Whether these points may start before the store is open: a new SQLite store, runs handed off."""
+    db = store.sqlite_file(uri)
+    return db is not None and not db.exists() and runner.hands_off(points)
+
+
 def start(runner: Runner, points: list[Point], uri: str, experiment: str, sweep_id: str) -> Flight | None:
     """The points' configs written and their tickets out, or None where the store must decide first."""
-    db = store.sqlite_file(uri)
-    if db is None or db.exists() or not runner.hands_off(points):
+    if not possible(runner, points, uri):
         return None
     for p in points:
         prepare(p, uri, experiment, None, sweep_id, checkpoints=False)

@@ -47,7 +47,6 @@ def run_sweep(
     0 all finished, 1 some failed, 130 interrupted."""
     launcher, opts = base.launcher, base.sweep
     logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)  # its errors reach us raised: said in a line
-    store.open_ahead()  # seconds of imports, beside the planning
     with phase("plan"):  # every check before anything is submitted or recorded
         validate_sweep(base)
         sweep_id = uuid.uuid4().hex[:8]
@@ -76,8 +75,14 @@ def run_sweep(
         with phase("workers' start"):
             os.environ[store.AHEAD] = uri  # the workers open it while they wait for their points
             os.environ[journal.HANDOFF_ENV] = "" if runner.checkpoints else "1"  # or hand their runs to this sweeper
+            goes_ahead = search is None and ahead.possible(runner, points, uri)
+            if not goes_ahead:  # the tickets wait for the store: MLflow's import (seconds) from now
+                store.open_ahead()
             runner.prestart(points)  # warm workers start up while MLflow is imported and the parent recorded
-            flight_ahead = None if search is not None else ahead.start(runner, points, uri, experiment, sweep_id)
+            flight_ahead = ahead.start(runner, points, uri, experiment, sweep_id) if goes_ahead else None
+        # Else after the tickets, not beside Hydra's composition or the workers' start: in one GIL the
+        # import slowed what the workers wait for (0.3-0.4 s) and ended no sooner itself.
+        store.open_ahead()
         if search is not None:  # a worker per shape the space holds starts meanwhile
             with phase("study: first trials"):
                 points = search_flow.first(search, runner)

@@ -44,7 +44,7 @@ NAMES = {
     "sweeper.report": ["report_for"],
     "trainer.lifecycle.queue_files": ["claim", "write_result", "write_trained", "wait_sealed"],
     "trainer.worker_points": ["load_point", "prefetch_checks", "Datasets.preload", "Datasets.get"],
-    "trainer.worker": ["load_ahead", "_settle"],
+    "trainer.worker": ["load_ahead", "_settle", "_next_point"],
     "trainer.data": ["load", "Dataset.fingerprint"],
     "trainer.run": ["train_and_defer", "train_on_rank", "placed"],
     "trainer.core.loop": ["fit"],

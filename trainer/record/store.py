@@ -60,6 +60,11 @@ def open_ahead(uri: str | None = None, then: Callable[[], None] | None = None) -
             then()
 
     if _ahead is None:
+        # Modules the caller's thread may import meanwhile, first here: two threads importing the
+        # modules of an import cycle at once can fail in one ("_DeadlockError ... importlib.resources.abc").
+        import importlib.metadata
+        import importlib.resources.abc  # noqa: F401
+
         _ahead = threading.Thread(target=work, name="open-store", daemon=True)
         _ahead.start()
     return _ahead
