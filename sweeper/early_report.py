@@ -1,16 +1,16 @@
 """The report's figures drawn while the last CPU checks land. Once every point of a grid has trained
 (the warm workers' ``trained`` marker: its run ended, its check may still compute), a thread builds
-the report from the store as it is then, its figures in the drawing children. The sweep's own
-report, once the checks have landed, draws again only what they changed, the weight error: a
-figure asked again with equal inputs is not redrawn (sweeper/report/drawing.py), and every figure
-but the weight error's reads the points without their check (study.Point.without_check). A check
-of a few steps lands within CHECKS_GRACE_S of its training: waited for, the weight error too is
-drawn once (redrawn after the others, it was 0.3 s at the end of the headline's sweep)."""
+the report from the store as it is then, its figures in the drawing children; the weight error's
+figure, the one a check changes, waits for the checks. Once they have landed, a second thread draws
+it, while the others may still be drawing (after them it was the last 0.3 s of the headline's
+sweep). The sweep's own report then draws nothing again: a figure asked again with equal inputs is
+not redrawn (sweeper/report/drawing.py), and every figure but the weight error's reads the points
+without their check (study.Point.without_check)."""
 
 from __future__ import annotations
 
 import threading
-import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from sweeper.records import SweepRecord
     from sweeper.watch import Flight
 
-CHECKS_GRACE_S = 1.0  # how long the figures wait for checks still computing once every point trained
+CHECKS_POLL_S = 0.02  # how often the checks' thread looks for the points' results
 
 
 class EarlyReport:
@@ -30,33 +30,65 @@ class EarlyReport:
 
     def __init__(self, record: SweepRecord, folder: Path, target: float | None) -> None:
         self.record, self.folder, self.target = record, folder, target
-        self.thread: threading.Thread | None = None
+        self.threads: list[threading.Thread] = []
+        self.ending = threading.Event()  # the sweep's own report is next: the checks' thread stops waiting
 
     def __call__(self, flight: Flight) -> None:
-        if self.thread is not None or flight.queued or not flight.running:
+        if self.threads or flight.queued or not flight.running:
             return
         if all((p.dir / queue_files.TRAINED).exists() for p, _job in flight.running.values()):
             folders = [p.dir for p in flight.started.values()]  # every run, whole: the figures its report reuses
-            self.thread = threading.Thread(target=self._build, args=(folders,), name="early-report", daemon=True)
-            self.thread.start()
+            checked = _checked(folders)
+            drawing.remember()
+            self._start(self._build, folders, checked, name="early-report")
+            if not checked:
+                self._start(self._checks, folders, name="early-report-checks")
 
-    def _build(self, folders: list[Path]) -> None:
-        until = time.monotonic() + CHECKS_GRACE_S
-        while time.monotonic() < until and not all((f / queue_files.RESULT).exists() for f in folders):
-            time.sleep(0.02)  # a point's result is written once its check has landed
+    def _start(self, target: Callable[..., None], *args: object, name: str) -> None:
+        thread = threading.Thread(target=target, args=args, name=name, daemon=True)
+        self.threads.append(thread)
+        thread.start()
+
+    def _build(self, folders: list[Path], checked: bool) -> None:
         with phase("report: figures while the checks land"):
             try:
-                drawing.imported()
-                drawing.remember()
+                parent = self._sent(folders)
                 from sweeper.report import report_for
 
-                self.record.send_handed_off(folders, budget_s=None)  # their training in the store before it is read
-                parent = self.record.client.get_run(self.record.parent_id)
-                report_for(self.record.client, [parent], self.folder, attach=False, target=self.target)
+                report_for(self.record.client, [parent], self.folder, attach=False, target=self.target, checks=checked)
             except Exception:  # the sweep's own report says what is wrong
                 pass
 
+    def _checks(self, folders: list[Path]) -> None:
+        """The weight error's figure, drawn once every point's check has landed (its result written)."""
+        while not _checked(folders):
+            if self.ending.wait(CHECKS_POLL_S) and not _checked(folders):
+                return  # a check that never landed: the sweep's own report says so
+        with phase("report: the weight error once the checks landed"):
+            try:
+                parent = self._sent(folders)
+                from sweeper.report import publish, study
+
+                drawn = publish.draw_checks(study.load(self.record.client, [parent]), self.folder)
+                if drawn is not None:
+                    drawn.result()
+            except Exception:
+                pass
+
+    def _sent(self, folders: list[Path]) -> object:
+        """The runs sent whole (what their workers wrote so far) and the parent, read back: the store
+        as the report will read it."""
+        drawing.imported()
+        self.record.send_handed_off(folders, budget_s=None)
+        return self.record.client.get_run(self.record.parent_id)
+
     def wait(self) -> None:
-        """Before the sweep's own report: it reuses what this one drew (and pyplot draws in one thread)."""
-        if self.thread is not None:
-            self.thread.join()
+        """Before the sweep's own report: it reuses what these drew (and pyplot draws in one thread)."""
+        self.ending.set()
+        for thread in self.threads:
+            thread.join()
+
+
+def _checked(folders: list[Path]) -> bool:
+    """Every point's check landed: a point's result is written once its check has (or has failed)."""
+    return all((f / queue_files.RESULT).exists() for f in folders)

@@ -429,28 +429,33 @@ def test_the_reports_figures_are_drawn_while_the_last_check_lands(mlflow_uri, tm
     assert "report: figures while the checks land" in phases
 
 
-def test_the_early_report_waits_for_a_check_that_lands_soon_after_its_training(mlflow_uri, tmp_path):
-    """The held check is let go just after its point has trained and the sweep's early report has
-    begun: it lands within that report's grace (sweeper/early_report.py CHECKS_GRACE_S), which waits
-    for it, so the report's figures are drawn with every error, once."""
-    runs(mlflow_uri)  # the store first: the points then start once it is open, not ahead of it
-    point = ["hidden=16", *FAST, f"check.cache_dir={tmp_path / 'refs'}", "lr=0.5"]
+def test_the_weight_errors_figure_is_drawn_once_its_check_lands_and_only_then(mlflow_uri, tmp_path):
+    """The early report draws every other figure once the points have trained; the weight error's
+    waits for the held check (1.5 s, past the one-second grace an earlier version gave it before
+    drawing it without that error), is drawn once the check lands, by the early report's second
+    thread, and not again by the sweep's own report."""
+    # Two ranks: their sum's order is not the sequential reference's, so the errors are not 0 (a figure).
+    point = ["hidden=16", "nproc=2", *FAST, f"check.cache_dir={tmp_path / 'refs'}", "lr=0.5"]
     lock = hold_lock(tmp_path / "refs", reference_key(point))
     cmd = [sys.executable, "-m", "sweeper", "-m", *point[:-1], "lr=0.05,0.5"]  # the held point last
     proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        held = lambda: next(tmp_path.glob(f"multirun/*/*/1/{queue_files.TRAINED}"), None)  # noqa: E731
-        wait_for(held, proc=proc)
-        time.sleep(0.3)  # the watch (sweep.poll_s=0.1) has seen it trained: its early report has begun
+        drawn = wait_for(lambda: next(tmp_path.glob("multirun/*/*/report/convergence.png"), None), proc=proc)
+        time.sleep(1.5)
+        assert proc.poll() is None and not (drawn.parent / "weight_error.png").exists()
+        mtime = drawn.stat().st_mtime_ns
     finally:
         lock.close()
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 0, out
     (folder,) = tmp_path.glob("multirun/*/*")
     timeline = json.loads((folder / "timeline.json").read_text())
-    early = next(p for p in timeline["phases"] if p["phase"] == "report: figures while the checks land")
-    landed = (folder / "1" / queue_files.RESULT).stat().st_mtime - timeline["process_start"]
-    assert early["start_s"] >= landed - 0.01, (early, landed)  # it read the store once the check was in
+    t0 = timeline["process_start"]
+    late = next(p for p in timeline["phases"] if p["phase"] == "report: the weight error once the checks landed")
+    landed = (folder / "1" / queue_files.RESULT).stat().st_mtime - t0
+    figure = (folder / "report" / "weight_error.png").stat().st_mtime - t0
+    assert landed - 0.01 <= late["start_s"] and figure <= late["end_s"] + 0.01, (landed, late, figure)
+    assert drawn.stat().st_mtime_ns == mtime  # the training's figures not drawn again
     rows = list(csv.DictReader((folder / "report" / "points.csv").read_text().splitlines()))
     assert len(rows) == 2 and all(r["check"] == "done" and r["weight_error_max"] != "" for r in rows), rows
     kids = [r for r in runs(mlflow_uri) if "mlflow.parentRunId" in r.data.tags]

@@ -12,13 +12,16 @@ from pathlib import Path
 from typing import Any
 
 
-def report_for(client: Any, parents: list[Any], folder: Path, attach: bool = True, target: float | None = None) -> Any:
+def report_for(
+    client: Any, parents: list[Any], folder: Path, attach: bool = True, target: float | None = None, checks: bool = True
+) -> Any:
     """Build the report of these parent runs into ``folder``; attach it to the parent if one.
-    ``target``: the time-to-accuracy figure's test precision (None: one most points reach)."""
+    ``target``: the time-to-accuracy figure's test precision (None: one most points reach).
+    ``checks``: False while CPU checks still compute (their figure is then left out)."""
     from sweeper.report import publish, study
 
     s = study.load(client, parents)
-    report = publish.build(s, folder, target)
+    report = publish.build(s, folder, target, checks)
     if attach and len(parents) == 1:
         publish.publish(client, parents[0].info.run_id, report, s.points)
     return report

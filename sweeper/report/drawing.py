@@ -28,6 +28,7 @@ _workers = 0  # the pool's children
 _drawing: set[Future[Any]] = set()  # the figures the children draw now
 _made: list[tuple[Callable[..., Any], tuple, Future[Any]]] | None = None  # after remember(): function, arguments, made
 _here: threading.Thread | None = None  # the sweeper's own import of the report's modules, begun with the runs
+_here_lock = threading.Lock()  # a figure drawn in this process, one at a time
 
 
 def warm_up(workers: int | None = None, early: bool = False) -> None:
@@ -163,12 +164,13 @@ def _draw(fn: Callable[..., Any], *args: Any) -> Future[Any]:
         _drawing.add(future)
         future.add_done_callback(_drawing.discard)
         return future
-    imported()  # and pyplot is not drawn from two threads at once
+    imported()
     future: Future[Any] = Future()
-    try:
-        future.set_result(fn(*args))
-    except BaseException as e:
-        future.set_exception(e)
+    with _here_lock:  # pyplot is not drawn from two threads at once (the early report's two)
+        try:
+            future.set_result(fn(*args))
+        except BaseException as e:
+            future.set_exception(e)
     return future
 
 

@@ -32,6 +32,7 @@ from sweeper.report.study import Point, Study
 from trainer import metrics
 
 ARTIFACT_DIR = "report"
+CHECKS_CAPTION = "Weight error against the CPU reference"
 
 
 @dataclass
@@ -55,19 +56,17 @@ def sweep_order(study: Study) -> list[str]:
     return keys
 
 
-def build(study: Study, folder: Path, target: float | None = None) -> Report:
-    """``target``: the test precision of the time-to-accuracy figure (report.target; None: a default)."""
+def build(study: Study, folder: Path, target: float | None = None, checks: bool = True) -> Report:
+    """``target``: the test precision of the time-to-accuracy figure (report.target; None: a default).
+    ``checks``: False while CPU checks still compute: their figure is left for :func:`draw_checks`."""
     t0 = time.perf_counter()
     folder.mkdir(parents=True, exist_ok=True)
     report = Report(folder)
     order = sweep_order(study)
-    every_axis = analysis.axes([p.config for p in study.points], order)
-    points = sorted(study.points, key=lambda p: [_sort_key(p.get(k)) for k in every_axis])
-    finished = [p for p in points if p.status == "FINISHED"]
+    every_axis, points, finished, axis = _arranged(study, order)
     # What every figure but the weight error's reads: a figure drawn while the checks landed is kept.
     drawable = [p.without_check() for p in finished]
     configs = [p.config for p in finished]
-    axis = analysis.axes(configs, order)  # what varies among the points that can be drawn
     drawn: dict[str, Any] = {}  # caption -> the figure's future (drawing.py draws them side by side)
     if finished:
         drawn["Training loss of every point"] = draw(
@@ -76,9 +75,10 @@ def build(study: Study, folder: Path, target: float | None = None) -> Report:
         drawn["Precision and final values"] = draw(
             convergence.precision_and_finals, drawable, axis, folder / "finals.png"
         )
-        drawn["Weight error against the CPU reference"] = draw(
-            convergence.weight_error, [p.only_check() for p in finished], axis, folder / "weight_error.png"
-        )
+        if checks:
+            drawn[CHECKS_CAPTION] = _weight_error(finished, axis, folder)
+        else:
+            report.left_out[CHECKS_CAPTION] = "the CPU checks are still computing"
     fams = [(f, families.family_rows(drawable, f)) for f in families.families(configs, order)]
     for kind in ("strong", "weak"):
         mine = [(f, rows) for f, rows in fams if f.kind == kind]
@@ -132,6 +132,25 @@ def build(study: Study, folder: Path, target: float | None = None) -> Report:
     page.write(folder / "report.html", study, report, every_axis, table, regimes)
     report.seconds = time.perf_counter() - t0
     return report
+
+
+def draw_checks(study: Study, folder: Path) -> Any:
+    """The weight error's figure alone, as :func:`build` draws it (its future; None without a
+    finished point): drawn as soon as the last checks land, while the other figures still draw."""
+    _every, _points, finished, axis = _arranged(study, sweep_order(study))
+    return _weight_error(finished, axis, folder) if finished else None
+
+
+def _weight_error(finished: list[Point], axis: list[str], folder: Path) -> Any:
+    return draw(convergence.weight_error, [p.only_check() for p in finished], axis, folder / "weight_error.png")
+
+
+def _arranged(study: Study, order: list[str]) -> tuple[list[str], list[Point], list[Point], list[str]]:
+    """Every axis, the points sorted along them, the finished ones, and the axes that vary among those."""
+    every_axis = analysis.axes([p.config for p in study.points], order)
+    points = sorted(study.points, key=lambda p: [_sort_key(p.get(k)) for k in every_axis])
+    finished = [p for p in points if p.status == "FINISHED"]
+    return every_axis, points, finished, analysis.axes([p.config for p in finished], order)
 
 
 def _sort_key(value: Any) -> tuple:
