@@ -36,7 +36,7 @@ NAMES = {
     "sweeper.report.study": ["load", "load_point", "planned_points"],
     "sweeper.report.publish": ["build", "publish", "write_csv", "summary_markdown"],
     "sweeper.report.page": ["write"],
-    "sweeper.report.convergence": ["loss_curves", "precision_and_finals", "weight_error"],
+    "sweeper.report.convergence": ["loss_curves", "precision_by_epoch", "finals", "weight_error"],
     "sweeper.report.roofline": ["roofline_figure"],
     "sweeper.display": ["summary", "closing"],
     "sweeper.timeline": ["write"],

@@ -130,14 +130,13 @@ def loss_curves(points: list[Point], axis: list[str], out: Path) -> Path:
     return save(fig, out)
 
 
-def precision_and_finals(points: list[Point], axis: list[str], out: Path) -> Path:
-    """Precision against epoch; final precision and loss against each axis, the best marked."""
+def precision_by_epoch(points: list[Point], axis: list[str], out: Path) -> Path:
+    """Test precision and the epoch's mean training loss against epoch, one line per point."""
     from matplotlib import ticker
 
     colour_key, _ = _keys(axis)
     colours = palette([p.get(colour_key) if colour_key else p.name for p in points])
-    shown = [k for k in axis if k != "nproc"] or list(axis) or [None]
-    fig, ax = grid(1 + len(shown), 2)
+    fig, ax = grid(1, 2)
     for col, (series, ylabel) in enumerate(
         ((lambda p: p.precision, "test precision"), (lambda p: p.loss_epoch, "training loss (epoch mean)"))
     ):
@@ -153,15 +152,24 @@ def precision_and_finals(points: list[Point], axis: list[str], out: Path) -> Pat
             _log_if_wide(a, [v for p in points for _e, v in p.loss_epoch])
     if colour_key:
         key_legend(fig, ax, ax[0][0], colour_key, [p.get(colour_key) for p in points])
-    finals = {
+    fig.suptitle("Precision and loss by epoch")
+    return save(fig, out)
+
+
+def finals(points: list[Point], axis: list[str], out: Path) -> Path:
+    """Final precision and loss against each axis, the study's best marked. A figure of its own,
+    not a row under the epochs': the report's figures are drawn side by side, one a child."""
+    shown = [k for k in axis if k != "nproc"] or list(axis) or [None]
+    fig, ax = grid(len(shown), 2)
+    last = {
         "final test precision": [_last(p.precision) for p in points],
         "final training loss": [_last(p.loss_epoch) for p in points],
     }
     top = analysis.best_point(points, lambda p: p.metrics.get(metrics.TEST_PRECISION))
     for k, key in enumerate(shown):
-        for j, (what, values) in enumerate(finals.items()):
-            _against(ax[1 + k][j], points, key, values, what, top)
-    fig.suptitle("Precision, and the study's best point (starred: highest precision, not diverged)")
+        for j, (what, values) in enumerate(last.items()):
+            _against(ax[k][j], points, key, values, what, top)
+    fig.suptitle("Final values, and the study's best point (starred: highest precision, not diverged)")
     return save(fig, out)
 
 

@@ -72,9 +72,10 @@ def build(study: Study, folder: Path, target: float | None = None, checks: bool 
         drawn["Training loss of every point"] = draw(
             convergence.loss_curves, drawable, axis, folder / "convergence.png"
         )
-        drawn["Precision and final values"] = draw(
-            convergence.precision_and_finals, drawable, axis, folder / "finals.png"
+        drawn["Precision and loss by epoch"] = draw(
+            convergence.precision_by_epoch, drawable, axis, folder / "precision.png"
         )
+        drawn["Final values and the best point"] = draw(convergence.finals, drawable, axis, folder / "finals.png")
         if checks:
             drawn[CHECKS_CAPTION] = _weight_error(finished, axis, folder)
         else:
