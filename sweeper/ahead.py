@@ -1,9 +1,9 @@
 """A grid's points started before its store is open, where the store cannot change which of them
 run: a new SQLite store (nothing FINISHED to skip, no checkpoint to resume, no earlier sweep's
 job going on) whose runs this sweeper creates itself from its warm workers' journals
-(sweeper/handoff.py). Their tickets go out as soon as the points are planned, while MLflow
-imports (2-3 s on a GPU node, what the workers' own start takes); each point's config then names
-no parent run. Once MLflow is in and the parent created, each point's folder is told its id
+(sweeper/handoff.py). Their tickets go out as soon as the points are planned, then MLflow imports
+(2-3 s on a GPU node, what the workers' own start takes; begun before the tickets, in one GIL, it
+slowed them); each point's config then names no parent run. Once MLflow is in and the parent created, each point's folder is told its id
 (trainer/record/journal.py), and the run's first sender tags the run with it. Anywhere else the
 store decides first, then the tickets go (sweep.py's open_sweep)."""
 
@@ -25,10 +25,8 @@ def possible(runner: Runner, points: list[Point], uri: str) -> bool:
     return db is not None and not db.exists() and runner.hands_off(points)
 
 
-def start(runner: Runner, points: list[Point], uri: str, experiment: str, sweep_id: str) -> Flight | None:
-    """The points' configs written and their tickets out, or None where the store must decide first."""
-    if not possible(runner, points, uri):
-        return None
+def start(runner: Runner, points: list[Point], uri: str, experiment: str, sweep_id: str) -> Flight:
+    """The points' configs written and their tickets out (where :func:`possible`)."""
     for p in points:
         prepare(p, uri, experiment, None, sweep_id, checkpoints=False)
     flight = Flight(list(points))

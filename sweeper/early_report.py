@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from sweeper.report import drawing
 from sweeper.timeline import phase
@@ -75,7 +75,7 @@ class EarlyReport:
             except Exception:
                 pass
 
-    def _sent(self, folders: list[Path]) -> object:
+    def _sent(self, folders: list[Path]) -> Any:
         """The runs sent whole (what their workers wrote so far) and the parent, read back: the store
         as the report will read it."""
         drawing.imported()
