@@ -3,9 +3,10 @@ run: a new SQLite store (nothing FINISHED to skip, no checkpoint to resume, no e
 job going on) whose runs this sweeper creates itself from its warm workers' journals
 (sweeper/handoff.py). Their tickets go out as soon as the points are planned, then MLflow imports
 (2-3 s on a GPU node, what the workers' own start takes; begun before the tickets, in one GIL, it
-slowed them); each point's config then names no parent run. Once MLflow is in and the parent created, each point's folder is told its id
-(trainer/record/journal.py), and the run's first sender tags the run with it. Anywhere else the
-store decides first, then the tickets go (sweep.py's open_sweep)."""
+slowed them); each point's config then names no parent run. Once MLflow is in and the parent
+created, each point's folder is told its id (trainer/record/journal.py), and the run's first sender
+tags the run with it. Anywhere else the store decides first, then the tickets go (sweep.py's
+open_sweep)."""
 
 from __future__ import annotations
 
