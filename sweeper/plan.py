@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError
 
+from sweeper import display
 from sweeper.points import Point, Shape
 from trainer.config import TrainerConfig, validate
 from trainer.errors import ConfigError
@@ -68,3 +69,17 @@ def plan(points: list[Point], runner: Runner) -> dict[Shape, list[Point]]:
         p.config_hash = config_hash(p.trainer)
         groups.setdefault(p.shape, []).append(p)
     return groups
+
+
+def distinct(points: list[Point], groups: dict) -> tuple[list[Point], dict]:
+    """A grid that names one config twice (``hidden=16,16``) runs it once."""
+    first: dict[str, Point] = {}
+    for p in points:
+        if p.config_hash in first:
+            same = first[p.config_hash].index
+            display.console.print(f"duplicate {p.name}: the same config as point {same}, run once")
+        else:
+            first[p.config_hash] = p
+    kept = {id(p) for p in first.values()}
+    groups = {shape: [p for p in members if id(p) in kept] for shape, members in groups.items()}
+    return list(first.values()), groups

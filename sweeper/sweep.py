@@ -21,7 +21,7 @@ from sweeper.collect import close_runs, spent
 from sweeper.config import validate_sweep
 from sweeper.early_report import EarlyReport
 from sweeper.handoff import HandoffSender
-from sweeper.plan import plan
+from sweeper.plan import distinct, plan
 from sweeper.point_files import prepare
 from sweeper.points import Point
 from sweeper.records import SweepRecord, absolute_uri
@@ -203,20 +203,6 @@ def open_sweep(
             display.console.print(f"resume {p.name}: run {run_id} goes on from its checkpoint of epoch {epoch}")
         prepare(p, record.uri, record.experiment, parent_id, sweep_id, runner.checkpoints, folder)
     return todo, done_before, earlier
-
-
-def distinct(points: list[Point], groups: dict) -> tuple[list[Point], dict]:
-    """A grid that names one config twice (``hidden=16,16``) runs it once."""
-    first: dict[str, Point] = {}
-    for p in points:
-        if p.config_hash in first:
-            same = first[p.config_hash].index
-            display.console.print(f"duplicate {p.name}: the same config as point {same}, run once")
-        else:
-            first[p.config_hash] = p
-    kept = {id(p) for p in first.values()}
-    groups = {shape: [p for p in members if id(p) in kept] for shape, members in groups.items()}
-    return list(first.values()), groups
 
 
 def check_data(points: list[Point]) -> None:
