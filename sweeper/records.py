@@ -45,7 +45,7 @@ class SweepRecord:
         self.started: tuple | None = None  # the parent's name, tags, params and points, once started
 
     def send_handed_off(self, folders: list[Path], budget_s: float | None = SEND_BUDGET_S) -> None:
-        """The runs one-rank warm workers handed off, sent from here, where MLflow is loaded: each
+        """The runs local warm workers handed off, sent from here, where MLflow is loaded: each
         point folder's journal (trainer/record/journal.py), for ``budget_s`` at most each (None: all
         of it). A journal that fails now is sent again at the next look, and at the sweep's end."""
         if store.sqlite_file(self.uri) is None:  # only a SQLite store's runs are handed off

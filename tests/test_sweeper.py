@@ -206,6 +206,12 @@ def test_local_sweep_failure_isolation_and_resume(tmp_path, mlflow_uri):
         assert r.data.tags[metrics.TAG_CONFIG_HASH]
     assert parent.info.status == "FAILED" and parent.data.params["sweep.points"] == "4"
     assert "fault injected on rank 1 at iteration 2" in result.stdout
+    for name in ("hidden=16,nproc=2", "hidden=32,nproc=2"):  # rank 1 wrote it to rank 0's journal
+        failed = kids[name]
+        assert failed.data.tags[metrics.TAG_ERROR].startswith("rank 1: ")
+        assert "fault injected on rank 1 at iteration 2" in failed.data.tags[metrics.TAG_ERROR]
+        texts = {a.path for a in store.client(mlflow_uri).list_artifacts(failed.info.run_id)}
+        assert "error-rank1.txt" in texts and failed.data.params["hidden"] == name[7:9]  # and the rest of it
     assert "stderr.log" in result.stdout  # the failed point's log path
 
     # The same sweep again: the finished points are skipped, the failed ones rerun.

@@ -101,11 +101,13 @@ def train_and_defer(
     """Run on every rank: 1 (FAILED) or KILLED_STATUS if training failed, else 0 on ranks > 0 and on
     rank 0 the ended run's check still to land (:class:`PendingCheck`). Rank 0 records; a failure ends
     the run and, in a world of several ranks (the others may wait in a collective), aborts the world.
-    ``handoff`` (a warm worker's point): a run of one rank on a SQLite store, without checkpoints,
-    goes to a journal in ``mlflow.spool_dir`` that the sweeper sends (trainer/record/tracking.py)."""
+    ``handoff`` (a warm worker's point): a run on a SQLite store, without checkpoints, goes to a
+    journal in ``mlflow.spool_dir`` that the sweeper sends (trainer/record/tracking.py)."""
     uri = store.tracking_uri(cfg.mlflow.tracking_uri)
     recorder: tracking.Recorder | None = None
     run_id: str | None = None
+    handed_off = handoff and store.opens_in_background(uri) and not cfg.save.checkpoint_dir
+    journal_dir = cfg.mlflow.spool_dir if handed_off else None  # the run's journal, which the sweeper sends
     sigterm.install()
     requeue.arm()
     try:
@@ -119,11 +121,11 @@ def train_and_defer(
             recorder = resume_recording(uri, ckpt, hosts, cfg)
             run_id = recorder.run_id
         elif world.rank == 0:
-            # Alone, rank 0 creates the run while it trains; other ranks need its id before (to record a failure).
+            # Alone, rank 0 creates the run while it trains; other ranks need its id before (to record a
+            # failure), unless it is a journal (their failure goes there).
             background = world.size == 1 and store.opens_in_background(uri)
-            journal_dir = cfg.mlflow.spool_dir if handoff and background and not cfg.save.checkpoint_dir else None
             recorder = start_recording(cfg, uri, world, backend, hosts, background, journal_dir)
-            run_id = None if background else recorder.run_id
+            run_id = None if background or journal_dir else recorder.run_id
         if world.rank == 0:
             launch.tell_launcher(run_id)
             recorder.set_tags({metrics.TAG_RANK_DEVICES: rank_devices(hosts, devices)})
@@ -145,7 +147,7 @@ def train_and_defer(
             if world.rank == 0:
                 _record_failure(e, uri, run_id, recorder, 0, traced=False)
             return requeue.REQUEUE_STATUS if e.requeue else 1
-        status = _record_failure(e, uri, run_id, recorder, world.rank)
+        status = _record_failure(e, uri, run_id, recorder, world.rank, journal_dir=journal_dir)
         if world.size > 1:
             world.abort(1)  # the other ranks may wait in a collective: end them all now
         return status
@@ -157,10 +159,17 @@ def rank_devices(hosts: list[str], devices: list[str]) -> str:
 
 
 def _record_failure(
-    e: BaseException, uri: str, run_id: str | None, recorder: tracking.Recorder | None, rank: int, traced: bool = True
+    e: BaseException,
+    uri: str,
+    run_id: str | None,
+    recorder: tracking.Recorder | None,
+    rank: int,
+    traced: bool = True,
+    journal_dir: str | None = None,
 ) -> int:
     """End the run FAILED, or KILLED on Ctrl-C, SIGTERM or a time limit it will resume from, with
-    the error; returns the status."""
+    the error; returns the status. ``journal_dir``: a handed-off run's journal, where the other ranks
+    record."""
     killed = isinstance(e, (KeyboardInterrupt, Terminated)) or sigterm.seen() or getattr(e, "requeue", False)
     status = "KILLED" if killed else "FAILED"
     text = traceback.format_exc() if traced else f"{type(e).__name__}: {e}"
@@ -173,6 +182,8 @@ def _record_failure(
                 tracking.mark_ended(uri, run_id, status, text, rank)
         except Exception as record_error:  # the store may be what failed
             print(f"[rank {rank}] could not record the failure: {record_error}", file=sys.stderr)
+    elif journal_dir is not None and rank > 0 and status == "FAILED":  # rank 0 records its own, and a stop
+        tracking.journal_ended(journal_dir, status, text, rank)
     return KILLED_STATUS if status == "KILLED" else 1
 
 

@@ -25,7 +25,7 @@ def warm_up(nproc: int, before_mpi: Callable[[], None] = lambda: None) -> parall
     alone opens the sweep's store). ``before_mpi``: what the worker does first once its modules are
     in (its data set, the references started ahead), before MPI starts (0.5-0.7 s with Open MPI)
     and the GPU's warm-up, which the references then overlap on the cores they leave."""
-    if parallel.launcher_rank() == 0 and not hands_off(nproc):
+    if parallel.launcher_rank() == 0 and not hands_off():
         store.open_ahead(os.environ.get(store.AHEAD), then=lambda: say("store open"))
     import trainer.run  # noqa: F401
 
@@ -40,11 +40,11 @@ def warm_up(nproc: int, before_mpi: Callable[[], None] = lambda: None) -> parall
     return world
 
 
-def hands_off(nproc: int) -> bool:
-    """Whether this worker's runs go to journals its sweeper sends (trainer/record/journal.py): it
-    then never opens the store itself (a point with checkpoints opens it when it starts)."""
+def hands_off() -> bool:
+    """Whether this worker's runs go to journals its sweeper sends (trainer/record/journal.py): its
+    rank 0 then never opens the store itself (a point with checkpoints opens it when it starts)."""
     uri = os.environ.get(store.AHEAD, "")
-    return nproc == 1 and os.environ.get(journal.HANDOFF_ENV) == "1" and store.opens_in_background(uri)
+    return os.environ.get(journal.HANDOFF_ENV) == "1" and store.opens_in_background(uri)
 
 
 def _gpu(local_rank: int) -> None:

@@ -117,7 +117,7 @@ def _draw_once() -> None:
     axes[0][0].set_xscale("log")
     axes[0][0].legend()
     fig.suptitle("warm-up")
-    fig.savefig(BytesIO(), format="png", bbox_inches="tight")
+    fig.savefig(BytesIO(), format="png")
     pyplot().close(fig)
 
 

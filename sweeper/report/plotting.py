@@ -59,7 +59,10 @@ def use_log(key: str, values: Sequence[Any]) -> bool:
 
 
 def save(fig: Figure, path: Path) -> Path:
-    fig.savefig(path, format="png", bbox_inches="tight", pad_inches=0.15)  # nothing clipped: titles, notes below
+    """The figure as a PNG. Its constrained layout fits titles, labels and outside legends in the
+    figure; only a note placed below it (``fig.text``) needs the tight box, which draws it twice."""
+    tight = {"bbox_inches": "tight", "pad_inches": 0.15} if fig.texts else {}
+    fig.savefig(path, format="png", **tight)
     pyplot().close(fig)
     return path
 

@@ -85,7 +85,7 @@ class LocalRunner(WithoutScheduler):
     def hands_off(self, points: list[Point]) -> bool:
         from trainer.warm_up import hands_off  # the workers' own rule, with the store and hand-off this sweep set
 
-        return self.pool is not None and all(hands_off(p.nproc) for p in points)
+        return self.pool is not None and hands_off()
 
     def prestart(self, points: list[Point]) -> None:
         """Warm: open the queues and start their workers now; they wait for the tickets."""

@@ -6,10 +6,11 @@ the run's end, to ``journal.jsonl`` there, one JSON line each, and a thread send
 Writes may follow the end (a CPU check landing after the run ended): the end's line then says
 ``close: false`` and a ``close`` line comes last; the journal is done once its last line is sent.
 
-A warm worker of one rank on a SQLite store *hands off* its runs (with ``HANDOFF_ENV``, set by
-its sweeper): it never imports MLflow (seconds of CPU, and of the GIL while it trains); each run is
-journaled from its start, not created (the first line has no run id, only what to create it with),
-and the sweeper, which has MLflow loaded, creates and sends it at every poll. The worker's end
+A local warm worker on a SQLite store *hands off* its runs (with ``HANDOFF_ENV``, set by its
+sweeper): it never imports MLflow (seconds of CPU, and of the GIL while it trains); each run is
+journaled by rank 0 from its start, not created (the first line has no run id, only what to create
+it with; another rank that fails appends its error and the run's end), and the sweeper, which has
+MLflow loaded, creates and sends it at every poll. The worker's end
 sends what its sweeper did not (a sweeper gone). The first sender creates the run and notes its id
 in ``journal.run``; a lock on the folder keeps two senders from sending a line twice at once. A run
 started before its sweep's parent existed (sweeper/ahead.py) is told it in ``journal.parent``.

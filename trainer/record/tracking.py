@@ -247,8 +247,7 @@ class Recorder:
 
     def fail(self, status: str, error: str, rank: int) -> None:
         """End the run FAILED or KILLED, keeping the error (its last lines as a tag, all as a text)."""
-        tail = "\n".join(error.strip().splitlines()[-5:])
-        self.set_tags({metrics.TAG_ERROR: f"rank {rank}: {tail}"[-5000:]})
+        self.set_tags({metrics.TAG_ERROR: error_tag(error, rank)})
         self.flush()
         self.log_text(error, f"error-rank{rank}.txt")
         self._end(status)
@@ -278,7 +277,22 @@ class Recorder:
 def mark_ended(uri: str, run_id: str, status: str, error: str, rank: int) -> None:
     """From any rank: keep the traceback with the run and end it FAILED or KILLED."""
     c = client(uri)
-    tail = "\n".join(error.strip().splitlines()[-5:])
-    c.set_tag(run_id, metrics.TAG_ERROR, f"rank {rank}: {tail}"[-5000:])
+    c.set_tag(run_id, metrics.TAG_ERROR, error_tag(error, rank))
     c.log_text(run_id, error, f"error-rank{rank}.txt")
     c.set_terminated(run_id, status)
+
+
+def journal_ended(folder: str, status: str, error: str, rank: int) -> None:
+    """From another rank than 0 of a handed-off run (no run id, no MLflow): the same, appended to rank
+    0's journal in ``folder``, which the sweeper sends; nothing where rank 0 has not begun it."""
+    book = journal.Journal(folder)
+    if book.path.exists():
+        book.append({"op": "tags", "tags": {metrics.TAG_ERROR: error_tag(error, rank)}})
+        book.append({"op": "text", "text": error, "name": f"error-rank{rank}.txt"})
+        book.append({"op": "end", "status": status, "end_ms": int(time.time() * 1000)})
+
+
+def error_tag(error: str, rank: int) -> str:
+    """A failed run's error tag: the rank and the traceback's last lines."""
+    tail = "\n".join(error.strip().splitlines()[-5:])
+    return f"rank {rank}: {tail}"[-5000:]
