@@ -4,7 +4,7 @@
 # reference cache, through the local launcher and through Slurm (scripts/slurm_gpu_node.sh), and
 # the code before this change beside it (.device/before, for the paired figures). Prints a table;
 # logs and each sweep's timeline.json in $OUT/results.tgz. docs/benchmarks.md has the call and the figures.
-#   bash benchmarks/headline_gpu.sh [STAGE ...]   stages: warmup probe after newcache before again nocheck slurm shard pytest step search (default: after slurm)
+#   bash benchmarks/headline_gpu.sh [STAGE ...]   stages: warmup probe after newcache before again shapes nocheck slurm shard pytest step search (default: after slurm)
 # Expects .whl/ (bash ../shared/device/fetch_wheels.sh), .device/mnist/ (full MNIST),
 # .device/debs/ (bash scripts/slurm_gpu_node.sh --fetch .device/debs), .device/before/ (git archive).
 set -uo pipefail
@@ -51,6 +51,13 @@ for stage in "${@:-after slurm}"; do
         run after_local_epochs50 "$ROOT" "${GRID[@]}"
         run after_local_epochs3 "$ROOT" "${GRID[@]}" epochs=3
         run after_local_epochs3_check_all "$ROOT" "${GRID[@]}" epochs=3 check.steps=all ;;
+      shapes)  # two GPUs or more: the headline's nproc=1,2, before and after in turn (3 epochs thrice, 50 once)
+        for i in 1 2 3; do
+          run before_shapes_epochs3_$i "$ROOT/.device/before" "${GRID[@]/nproc=1/nproc=1,2}" epochs=3
+          run after_shapes_epochs3_$i "$ROOT" "${GRID[@]/nproc=1/nproc=1,2}" epochs=3
+        done
+        run before_shapes_epochs50 "$ROOT/.device/before" "${GRID[@]/nproc=1/nproc=1,2}"
+        run after_shapes_epochs50 "$ROOT" "${GRID[@]/nproc=1/nproc=1,2}" ;;
       nocheck)  # the same sweeps without the CPU check: what the check costs the sweep
         run nocheck_local_epochs50 "$ROOT" "${GRID[@]}" check.reference=false
         run nocheck_local_epochs3 "$ROOT" "${GRID[@]}" epochs=3 check.reference=false ;;
