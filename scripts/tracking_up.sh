@@ -50,5 +50,8 @@ if ! curl -sf "$URL/health" >/dev/null; then
     </dev/null >>"$BASE/log/mlflow-server.log" 2>&1 &
   echo $! >"$BASE/mlflow-server.pid"
   waitfor 120 curl -sf "$URL/health" || { tail -30 "$BASE/log/mlflow-server.log" >&2; exit 1; }
+  # up once its API answers from the database: /health answers before the first query is made
+  waitfor 60 curl -sf "$URL/api/2.0/mlflow/experiments/search?max_results=1" \
+    || { tail -30 "$BASE/log/mlflow-server.log" >&2; exit 1; }
 fi
 log "mlflow server up: $URL (PostgreSQL ${version} on 127.0.0.1:${PG_PORT})"

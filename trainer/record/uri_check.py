@@ -12,6 +12,7 @@ from trainer.errors import ConfigError
 # Stores MLflow opens from a URI (a database URI may name its driver: postgresql+psycopg2).
 SCHEMES = ("sqlite", "postgresql", "mysql", "mssql", "http", "https", "file", "databricks")
 CONNECT_S = 3.0  # a server that does not accept a connection in this long is taken as down
+ANSWER_S = 20.0  # and one that accepts it, this long to answer: a new server's first query took over 3 s under load
 
 
 def check_uri(uri: str) -> None:
@@ -50,7 +51,7 @@ def _check_server(where: str, uri: str, host: str, port: int) -> None:
         ) from None
     api = uri.rstrip("/") + "/api/2.0/mlflow/experiments/search?max_results=1"
     try:
-        with urllib.request.urlopen(api, timeout=CONNECT_S) as answer:
+        with urllib.request.urlopen(api, timeout=ANSWER_S) as answer:
             body = json.loads(answer.read() or b"{}")
         if isinstance(body, dict) and set(body) <= {"experiments", "next_page_token"}:  # MLflow's answer
             return
