@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_sweeper import SLURM, runs, slurm
+from tests.conftest import ROOT
+from tests.test_sweeper import FAST, SLURM, runs, slurm, sweep
+from tests.test_warm import only_sweep
 from trainer import metrics
 from trainer.record import checkpoint, store
 
@@ -117,15 +119,7 @@ def test_the_segment_a_killed_step_leaves_is_the_one_the_wrapper_removes(tmp_pat
     a name made from the job and step ids, which a requeued job reuses (sweeper/mpich_shm.py)."""
     from sweeper import mpich_shm
 
-    script = tmp_path / "leave.py"
-    script.write_text(
-        "import os\nfrom mpi4py import MPI\nMPI.COMM_WORLD.Barrier()\n"
-        "if MPI.COMM_WORLD.rank == 0: print(os.environ['SLURM_JOB_ID'], os.environ['SLURM_STEP_ID'], flush=True)\n"
-        "MPI.COMM_WORLD.Barrier()\nos._exit(0)\n"
-    )
-    srun = ["srun", "-n2", "--mpi=pmi2", sys.executable, str(script)]
-    job, step = subprocess.run(srun, capture_output=True, text=True, timeout=60, check=True).stdout.split()
-    leaked = mpich_shm.SHM / f"mpich_shm_{mpich_shm.world_id(job, step)}_0"
+    job, step, leaked = _leave_a_segment(tmp_path)
     assert leaked.exists()
     monkeypatch.setenv("SLURM_JOB_ID", job)
     monkeypatch.setenv("SLURM_STEP_ID", step)
@@ -133,6 +127,68 @@ def test_the_segment_a_killed_step_leaves_is_the_one_the_wrapper_removes(tmp_pat
     assert leaked.exists()
     mpich_shm.remove()
     assert not leaked.exists()
+
+
+@slurm
+def test_a_clusters_teardown_removes_the_segments_of_its_jobs_only(tmp_path):
+    """scripts/slurm_down.sh gives /dev/shm back: what its jobs' killed steps left, nothing else."""
+    from sweeper import mpich_shm
+
+    job, _step, leaked = _leave_a_segment(tmp_path)
+    other = mpich_shm.SHM / f"mpich_shm_{mpich_shm.world_id(job + '0', '0')}_0"  # not one of these jobs'
+    other.write_bytes(b"")
+    try:
+        assert mpich_shm.remove_jobs([job]) >= 1  # (and any a dead cluster left under this id)
+        assert not leaked.exists() and other.exists()
+    finally:
+        other.unlink(missing_ok=True)
+
+
+def _leave_a_segment(tmp_path: Path) -> tuple[str, str, Path]:
+    """A real step's job id, step id and the MPICH segment it left, as ranks killed before
+    MPI_Finalize leave it."""
+    from sweeper import mpich_shm
+
+    script = tmp_path / "leave.py"
+    script.write_text(
+        "import os\nfrom sweeper import mpich_shm\nmpich_shm.remove_stale()\n"  # a dead cluster's, of these ids
+        "from mpi4py import MPI\nMPI.COMM_WORLD.Barrier()\n"
+        "if MPI.COMM_WORLD.rank == 0: print(os.environ['SLURM_JOB_ID'], os.environ['SLURM_STEP_ID'], flush=True)\n"
+        "MPI.COMM_WORLD.Barrier()\nos._exit(0)\n"
+    )
+    srun = ["srun", "-n2", "--mpi=pmi2", sys.executable, str(script)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    job, step = subprocess.run(srun, capture_output=True, text=True, timeout=60, check=True, env=env).stdout.split()
+    return job, step, mpich_shm.SHM / f"mpich_shm_{mpich_shm.world_id(job, step)}_0"
+
+
+@slurm
+def test_a_job_whose_ids_an_earlier_cluster_used_starts_past_its_segment(tmp_path, mlflow_uri):
+    """A Slurm set up again numbers its jobs from the start, while /dev/shm keeps what killed ranks
+    of the last one left (CI's test cluster on a machine that ran it before). The next job ids are
+    given such a segment: the job that gets one removes it before its ranks start (MPI_Init failed
+    on it, or hung until the time limit)."""
+    from sweeper import mpich_shm
+
+    job, _step, leaked = _leave_a_segment(tmp_path)
+    ids = subprocess.run(["squeue", "-h", "-o", "%A"], capture_output=True, text=True).stdout.split()
+    last = max(int(i) for i in [*ids, job] if i.isdigit())
+    stale = {}
+    for job in range(last + 1, last + 41):  # the next ids, whoever else submits meanwhile
+        copy = mpich_shm.SHM / f"mpich_shm_{mpich_shm.world_id(str(job), '0')}_0"
+        copy.write_bytes(leaked.read_bytes())
+        os.utime(copy, (leaked.stat().st_mtime,) * 2)  # as old as a dead step's
+        stale[str(job)] = copy
+    leaked.unlink()
+    try:
+        result = sweep(["hidden=16", "nproc=2", "dtype=float64", *FAST, *SLURM], tmp_path, timeout=150)
+    finally:
+        for copy in stale.values():
+            copy.unlink(missing_ok=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    (run,) = only_sweep(mlflow_uri).values()
+    assert run.info.status == "FINISHED" and run.data.tags["sweepscale.world_size"] == "2"
+    assert run.data.tags[metrics.TAG_SLURM_JOB] in stale, (run.data.tags[metrics.TAG_SLURM_JOB], sorted(stale))
 
 
 @slurm

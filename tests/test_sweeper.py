@@ -47,11 +47,16 @@ def sweep(args: list[str], cwd: Path, timeout: float = 240, env: dict | None = N
 def hang_report(cwd: Path, out: str, err: str) -> str:
     """What a sweep that hung leaves to read: its output and its points' logs' tails."""
     parts = [f"--- stdout\n{out[-6000:]}", f"--- stderr\n{err[-6000:]}"]
+    linked = set()
     for log in sorted(cwd.glob("multirun/*/*/*/*.log")):
         try:
+            linked.add(log.resolve())
             parts.append(f"--- {log.relative_to(cwd)}\n{log.read_text(errors='replace')[-3000:]}")
         except OSError as e:  # a link to a job's log not yet written
             parts.append(f"--- {log.relative_to(cwd)}: {e}")
+    for log in sorted(cwd.glob("multirun/*/*/.submitit/*/*_log.*")):  # jobs no point was given to yet
+        if log.resolve() not in linked:
+            parts.append(f"--- {log.relative_to(cwd)}\n{log.read_text(errors='replace')[-3000:]}")
     return "\n".join(parts)
 
 
@@ -63,6 +68,14 @@ def cluster_state() -> str:
     for what in (["squeue", "-o", "%i %P %j %T %M %R"], ["sinfo", "-N", "-o", "%N %P %T %E"]):
         done = subprocess.run(what, capture_output=True, text=True)
         said += f"\n--- {what[0]}\n{done.stdout}{done.stderr}"
+    config = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True).stdout
+    logs = re.findall(r"^Slurm(?:ctld|d)LogFile\s*=\s*(\S+)", config, re.M)
+    for pattern in logs:  # the daemons' last words: a step that never started says why there
+        for log in sorted(Path(pattern).parent.glob(Path(pattern).name.replace("%n", "*"))):
+            try:
+                said += f"\n--- {log}\n" + "\n".join(log.read_text(errors="replace").splitlines()[-25:])
+            except OSError as e:
+                said += f"\n--- {log}: {e}"
     return said
 
 
