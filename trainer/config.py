@@ -65,6 +65,7 @@ class DType(str, Enum):
 class FaultKind(str, Enum):
     error = "error"  # a Python error: the rank records it and ends the run FAILED
     kill = "kill"  # SIGKILL: the process is gone at once, as the OOM killer would leave it
+    lost_sigterm = "lost_sigterm"  # a SIGTERM a library swallowed (bare except): KILLED at the epoch's end
 
 
 class Divergence(str, Enum):

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import socket
 import sys
 import time
@@ -234,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.nproc > 1 and not parallel.launched_by_mpi():
         mpiexec = parallel.find_mpiexec(args.mpiexec)
         return parallel.run_under_mpiexec(mpiexec, args.nproc, sys.argv[1:], module="trainer.worker")
-    signal.signal(signal.SIGTERM, _terminate)
+    sigterm.install()  # before its first point too: a SIGTERM a library swallows still stops the worker
     requeue.arm()  # a warning between points: the worker ends and its requeued job serves the rest
     queue, datasets = args.queue.resolve(), Datasets()
     from trainer.lifecycle import reference_jobs
@@ -256,10 +255,6 @@ def _say(world: parallel.World, what: str) -> None:
     """Where the worker's start-up stands, in its log (rank 0's)."""
     if world.rank == 0:
         say(what)
-
-
-def _terminate(_signum: int, _frame: Any) -> None:
-    raise KeyboardInterrupt  # before the first point; train_and_record installs its own handler
 
 
 if __name__ == "__main__":

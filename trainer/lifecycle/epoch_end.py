@@ -18,6 +18,7 @@ from trainer.core.loop import EpochResult, Snapshot, check_finite
 from trainer.lifecycle import progress, requeue
 from trainer.lifecycle.progress import StopRequested
 from trainer.lifecycle.requeue import TimeLimitReached
+from trainer.ranks import sigterm
 from trainer.record import checkpoint, console, tracking
 from trainer.record.run_record import record_epoch
 
@@ -63,6 +64,7 @@ class EpochEnd:
             why = asked if self.comm.Get_size() == 1 else self.comm.bcast(asked)  # rank 0's view, every rank
             if why is not None:
                 raise StopRequested(e.epoch, self.cfg.epochs, why)
+        sigterm.check()  # a SIGTERM whose exception a library swallowed: the epoch is recorded, then KILLED
 
     def precision(self) -> float | None:
         x_test, y_test = self.test

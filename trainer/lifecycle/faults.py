@@ -1,11 +1,12 @@
 """The fault a test or a user's drill asks for (config ``fault.*``): at one iteration of one rank,
-raise, or die at once by SIGKILL as the OOM killer leaves a rank. ``fit`` calls the hook before
+raise, or die at once by SIGKILL as the OOM killer leaves a rank, or lose a SIGTERM. ``fit`` calls the hook before
 each step (trainer/core/loop.py ``before_step``)."""
 
 from __future__ import annotations
 
 import os
 import signal
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -15,9 +16,18 @@ class InjectedFaultError(RuntimeError):
 
 
 def inject_fault(kind: str, rank: int, iteration: int) -> None:
-    """The fault of config ``fault.*``: raise, or (kind=kill) die at once as the OOM killer leaves a rank."""
+    """The fault of config ``fault.*``: raise, or (kind=kill) die at once as the OOM killer leaves a
+    rank, or (kind=lost_sigterm) get a SIGTERM whose exception a bare ``except:`` swallows, as
+    Cython's module init did during numpy.random's import (training goes on from here)."""
     if kind == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
+    if kind == "lost_sigterm":
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(1.0)  # its handler runs here
+        except BaseException:  # swallowed: what the drill is of
+            pass
+        return
     raise InjectedFaultError(f"fault injected on rank {rank} at iteration {iteration} (config fault.*)")
 
 

@@ -1,8 +1,9 @@
 """SIGTERM in a rank (scancel, the end of a job, the sweeper's clean-up): the run ends KILLED.
 
 The handler raises :class:`Terminated` once and remembers it: a library may turn the exception into
-its own error on the way up (SQLAlchemy wraps what interrupts a query), and the run must still end
-KILLED, and a warm worker serve no further point. Inside :func:`deferred` (a write to the store)
+its own error on the way up (SQLAlchemy wraps what interrupts a query), or swallow it (a bare
+``except:``), and the run must still end KILLED (:func:`check`, between epochs), and a warm
+worker serve no further point. Inside :func:`deferred` (a write to the store)
 it is raised when the block ends, not halfway through it.
 """
 
@@ -30,6 +31,16 @@ def install() -> None:
 def seen() -> bool:
     """Whether this process has received SIGTERM: it is ending, whatever error it raised since."""
     return _seen
+
+
+def check() -> None:
+    """Raise :class:`Terminated` where a SIGTERM came but its exception never arrived: a library's
+    bare ``except:`` swallowed it (Cython's module init does: a SIGTERM during numpy.random's import
+    trained a point to its end). Called between epochs, so the run still ends KILLED."""
+    global _pending
+    if _seen and not _deferring:
+        _pending = False  # raised here: not again at the end of a write on the failure path
+        raise Terminated("terminated by SIGTERM")
 
 
 @contextlib.contextmanager
