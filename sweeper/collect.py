@@ -50,11 +50,11 @@ def collect(
             if run is None and error is None:  # the job said nothing went wrong, yet nothing was recorded
                 error = RuntimeError(f"no run recorded: the job ended without error but no MLflow run names {p.name}")
             status = run.info.status if run is not None else "FAILED"
-            if run is None and "CANCELLED" in str(error):  # its worker's allocation was cancelled first
+            if run is None and job_end.cancelled(error):  # its worker's allocation was cancelled first
                 status = "KILLED"
             why = "\n".join(part for part in (job_end.one_line(error), job_end.cause(log)) if part)
             if status == "RUNNING":  # the job ended before its trainer could end the run: say how
-                status = "KILLED" if "CANCELLED" in str(error) else "FAILED"
+                status = "KILLED" if job_end.cancelled(error) else "FAILED"
                 record.client.set_tag(run.info.run_id, metrics.TAG_ERROR, why[-5000:])
                 record.client.set_terminated(run.info.run_id, status)
                 run = record.client.get_run(run.info.run_id)

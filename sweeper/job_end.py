@@ -31,6 +31,13 @@ def one_line(error: BaseException | str | None) -> str:
     return first
 
 
+def cancelled(error: BaseException | str | None) -> bool:
+    """Whether a job's end says it was cancelled (scancel, Ctrl-C, a time limit), in its first line:
+    the cause's log lines below it may say "STEP ... CANCELLED" where srun ended a step whose other
+    task had failed, which is a failure."""
+    return "CANCELLED" in one_line(error)
+
+
 def task_logs(stderr: str | Path | None) -> list[Path]:
     """The stderr of every task of the job whose task 0 wrote ``stderr`` (submitit's
     ``<job>_<task>_log.err``, one per srun task), task 0 first."""

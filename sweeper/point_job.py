@@ -65,6 +65,8 @@ def _run(cmd: list[str], env: dict[str, str], who: str, where: str) -> int:
     mpich_shm.remove()  # left by ranks that did not finalize: the job may run again under the same ids
     if (status == REQUEUE_STATUS and "SLURM_JOB_ID" in os.environ) or (status in TERMINATED and requeue.by_slurm()):
         leave_for_requeue(ask=status == REQUEUE_STATUS)
+    if status in TERMINATED and ended_with_its_step():
+        raise PointFailedError(f"{who} was ended with its job step ({where}): another task of the step failed")
     if status in TERMINATED:
         raise PointCancelledError(f"CANCELLED: {who} exited with status {status} ({where}) on SIGTERM")
     if status:
@@ -72,10 +74,21 @@ def _run(cmd: list[str], env: dict[str, str], who: str, where: str) -> int:
     return 0
 
 
+def ended_with_its_step() -> bool:
+    """Whether this task's SIGTERM came from srun ending its step because another task failed
+    (--kill-on-bad-exit: sweeper/runners/sbatch.py), not from a cancel: the job still runs."""
+    if int(os.environ.get("SLURM_NTASKS", "1")) < 2 or "SLURM_STEP_ID" not in os.environ:
+        return False
+    return requeue.job_fields().get("JobState") == "RUNNING"
+
+
 def leave_for_requeue(ask: bool) -> NoReturn:
-    """End this task with no result for submitit; with ``ask``, task 0 first requeues the job."""
-    if ask and os.environ.get("SLURM_PROCID", "0") == "0":
+    """End this task with no result for submitit; with ``ask``, task 0 first requeues the job, and
+    the other tasks exit 0: srun's --kill-on-bad-exit would end the step on their status before
+    task 0 had asked."""
+    first = os.environ.get("SLURM_PROCID", "0") == "0"
+    if ask and first:
         subprocess.run(["scontrol", "requeue", os.environ["SLURM_JOB_ID"]], check=False, timeout=60)
     print(f"sweepscale: job {os.environ.get('SLURM_JOB_ID')} requeued: it resumes from its checkpoint", flush=True)
     sys.stderr.flush()
-    os._exit(REQUEUE_STATUS)  # past submitit's handlers: a result file would end the job for the sweep
+    os._exit(REQUEUE_STATUS if first or not ask else 0)  # past submitit's handlers: a result would end the job

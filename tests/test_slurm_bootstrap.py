@@ -91,6 +91,21 @@ def test_a_failed_mpi_start_shows_its_cause_in_the_closing_table(tmp_path, mlflo
 
 
 @slurm
+def test_a_task_that_dies_before_mpi_ends_the_job_at_once_not_at_its_time_limit(tmp_path, mlflow_uri):
+    """Task 1 cannot start Python (a task prolog breaks its environment) while task 0's rank waits
+    in MPI_Init for it: srun's --kill-on-bad-exit ends the step, and the point FAILS within seconds
+    instead of holding the allocation for launcher.timeout_min (10 min here)."""
+    prolog = tmp_path / "prolog.sh"
+    prolog.write_text('#!/bin/sh\nif [ "$SLURM_PROCID" = 1 ]; then echo "export PYTHONHOME=/nonexistent"; fi\n')
+    prolog.chmod(0o755)
+    args = ["hidden=16", "nproc=2", *FAST, *SLURM, f"launcher.srun_args=['--task-prolog={prolog}']"]
+    result = sweep([*args, "launcher.max_restarts=0"], tmp_path, timeout=150)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert " FAILED: gave up after 0 worker restart(s)" in result.stdout
+    assert parent_of(mlflow_uri).info.status == "FAILED" and only_sweep(mlflow_uri) == {}  # no rank made a run
+
+
+@slurm
 @multinode
 def test_a_gpu_partition_gives_each_rank_a_gpu_in_the_sbatch_lines(tmp_path, mlflow_uri):
     """CI's partition `gpu` (node1, gres gpu:2, no GPU behind it): the preview asks one GPU per rank

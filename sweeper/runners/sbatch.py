@@ -53,7 +53,7 @@ def slurm_parameters(
         "cpus_per_task": launcher.cpus_per_task,
         "time": launcher.timeout_min * n_points,
         "array_parallelism": at_once or launcher.array_parallelism,
-        "srun_args": [*([f"--mpi={bootstrap.mode}"] if bootstrap and bootstrap.srun else []), *launcher.srun_args],
+        "srun_args": [*(srun_own(bootstrap.mode) if bootstrap and bootstrap.srun else []), *launcher.srun_args],
         "setup": [guarded(line) for line in launcher.setup],
         "additional_parameters": dict(launcher.sbatch_args),
     }
@@ -67,6 +67,13 @@ def slurm_parameters(
         if launcher[key] is not None:
             params[key] = launcher[key]
     return params
+
+
+def srun_own(mode: str) -> list[str]:
+    """srun's flags for the ranks it starts: their PMI plugin, and the step ended when a task fails
+    (a rank that dies before MPI is up, its siblings waiting in MPI_Init, held the job until its
+    time limit). A requeue's other tasks exit 0 for it (sweeper/point_job.py)."""
+    return [f"--mpi={mode}", "--kill-on-bad-exit=1"]
 
 
 SETUP_FAILED = "the setup line failed"  # in a job's log: any restart of it would fail alike

@@ -285,7 +285,7 @@ class WarmPool:
                     continue
                 how = ended_how(job)
                 q.last_ended = job
-                if self.stopping or "CANCELLED" in how:  # scancel, Ctrl-C, a time limit: no restart
+                if self.stopping or job_end.cancelled(how):  # scancel, Ctrl-C, a time limit: no restart
                     q.given_up = f"CANCELLED: the worker's job was cancelled before this point ran ({how})"
                 elif SETUP_FAILED in how:  # the same lines fail every allocation: no restart
                     q.given_up = how

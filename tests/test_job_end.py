@@ -1,0 +1,27 @@
+"""How a job's end reads (sweeper/job_end.py): a cancel is told from a failure by its first line, as
+the closing table and the worker pool read it."""
+
+from __future__ import annotations
+
+from sweeper import job_end
+
+# What a cold point's job raised, as submitit reports it: the job body's error is its trace's last line.
+SUBMITIT_TRACE = (
+    "Job (task=0) failed during processing with trace:\n----------------------\n"
+    'Traceback (most recent call last):\n  File "/x/submitit/core/submission.py", line 55, in process_job\n'
+    "sweeper.point_job.PointCancelledError: CANCELLED: trainer exited with status 143 (config c) on SIGTERM\n"
+    "----------------------\nYou can check full logs with 'job.stderr(0)' and 'job.stdout(0)'"
+)
+# A worker whose step srun ended because its other task failed: the step's CANCELLED is a log line.
+STEP_ENDED = (
+    "gave up after 0 worker restart(s); the last: FAILED: worker w1 was ended with its job step (queue q):"
+    " another task of the step failed\n  srun: error: vm: task 1: Exited with exit code 1\n"
+    "  slurmstepd-vm: error: *** STEP 1742.0 ON vm CANCELLED AT 2026-11-27T01:34:43 ***"
+)
+
+
+def test_a_cancel_is_read_from_the_first_line_of_a_jobs_end():
+    assert job_end.cancelled(SUBMITIT_TRACE)
+    assert job_end.cancelled("CANCELLED: the worker's job was cancelled before this point ran (scancel)")
+    assert not job_end.cancelled(STEP_ENDED)  # a failure whose log says its step was cancelled
+    assert not job_end.cancelled(None)
