@@ -1,6 +1,6 @@
 """The fault a test or a user's drill asks for (config ``fault.*``): at one iteration of one rank,
-raise, or die at once by SIGKILL as the OOM killer leaves a rank, or lose a SIGTERM. ``fit`` calls the hook before
-each step (trainer/core/loop.py ``before_step``)."""
+raise, die at once by SIGKILL as the OOM killer leaves a rank, or lose a SIGTERM. ``fit`` calls
+the hook before each step (trainer/core/loop.py ``before_step``)."""
 
 from __future__ import annotations
 
