@@ -4,9 +4,11 @@ sends them. Real stores, real ranks; a worker's MLflow import is held to prove i
 
 from __future__ import annotations
 
+import fcntl
 import os
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -115,6 +117,40 @@ def test_two_senders_of_one_journal_make_one_run_and_send_each_line_once(mlflow_
     (run,) = store.client(mlflow_uri).search_runs([store.client(mlflow_uri).get_experiment_by_name("e").experiment_id])
     assert history(mlflow_uri, run.info.run_id, metrics.TRAIN_LOSS) == [(i, float(i)) for i in range(40)]
     assert run.info.status == "FINISHED" and run.info.end_time == 5000
+
+
+def _waits_for_lock_on(folder: Path) -> bool:
+    """Whether some process waits for a flock on ``folder`` (a ``->`` line of /proc/locks names its inode)."""
+    inode = f":{os.stat(folder).st_ino} "
+    return any("->" in line and inode in line for line in Path("/proc/locks").read_text().splitlines())
+
+
+def test_a_sweeps_end_finds_a_journal_its_worker_sent_since_and_counts_it_sent(mlflow_uri, tmp_path):
+    """The sweep's end lists the journals left, then sends them one by one; a worker's end sends one
+    of them in between (its file gone): that one reads as sent, not as an error that fails the sweep."""
+    folders = [tmp_path / "sweep" / name for name in ("0", "1")]
+    for i, folder in enumerate(folders):
+        created = {"experiment": "e", "name": f"p{i}", "tags": {journal.HANDOFF_TAG: f"r{i}"}, "start_ms": 1}
+        j = journal.Journal(folder, mlflow_uri, None, created)
+        j.append({"op": "metrics", "metrics": [[metrics.TRAIN_LOSS, 0.5, 1000, 0]]})
+        j.append({"op": "end", "status": "FINISHED", "close": True, "end_ms": 2000})
+    held = os.open(folders[0], os.O_RDONLY)
+    fcntl.flock(held, fcntl.LOCK_EX)  # the first journal's other sender, mid-send
+    out: list = []
+    end = threading.Thread(target=lambda: out.extend(journal.send_left(tmp_path / "sweep")))
+    end.start()
+    deadline = time.monotonic() + 60
+    while not _waits_for_lock_on(folders[0]) and time.monotonic() < deadline:  # listed both, waits on the first
+        time.sleep(0.02)
+    assert journal.Journal(folders[1]).send(store.client(mlflow_uri))  # the second's worker sends it all
+    os.close(held)
+    end.join(60)
+    assert [(p.parent.name, what) for p, what in out] == [("0", "sent"), ("1", "sent")]
+    client = store.client(mlflow_uri)
+    found = client.search_runs([client.get_experiment_by_name("e").experiment_id])
+    assert sorted(r.info.run_name for r in found) == ["p0", "p1"]
+    for r in found:
+        assert r.info.status == "FINISHED" and history(mlflow_uri, r.info.run_id, metrics.TRAIN_LOSS) == [(0, 0.5)]
 
 
 def test_a_sender_that_died_before_noting_the_run_finds_it_instead_of_creating_another(mlflow_uri, tmp_path):

@@ -142,9 +142,11 @@ class Journal:
         """Send what is unsent, noting each line once sent; True once its last line is sent (then
         the journal is renamed ``DONE``: nothing is left to send). With ``budget_s``, stop after
         about that long (the rest at the next call). Raises what the store raised."""
-        if not self.path.exists():
+        try:
+            named = self.header()["run_id"] is not None
+        except FileNotFoundError:  # another sender sent it all
             return True
-        if self.header()["run_id"] is not None:  # one sender: the run's own process (or sweeper.sync after it)
+        if named:  # one sender: the run's own process (or sweeper.sync after it)
             return self._send(client, budget_s)
         fd = os.open(self.folder, os.O_RDONLY)
         try:
@@ -272,7 +274,11 @@ def send_left(folder: str | os.PathLike) -> list[tuple[Path, str]]:
     out, away = [], set()
     for path in sorted(Path(folder).rglob(FILE)):
         journal = Journal(path.parent)
-        uri = journal.header()["uri"]
+        try:
+            uri = journal.header()["uri"]
+        except FileNotFoundError:  # a handed-off run's other sender (its worker's end) sent it all since the glob
+            out.append((path, "sent"))
+            continue
         if uri in away:  # one wait per absent server, not one per journal
             out.append((path, "not sent: the tracking server did not answer"))
             continue
