@@ -3,9 +3,10 @@ SIGTERM, cancel the jobs and give their trainers time to end their runs KILLED."
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -56,7 +57,8 @@ def watch(
         with display.Progress(total) as progress:
             while True:  # at least one step: with nothing to run, it tells early workers so
                 if more is not None:
-                    flight.queued.extend(more(flight))
+                    with interrupts_held():
+                        flight.queued.extend(more(flight))
                 step(runner, flight)
                 if each is not None:
                     each(flight)
@@ -72,7 +74,9 @@ def watch(
                 }
                 progress.update(counts, pending)
                 if not (flight.queued or flight.running):
-                    if more is None or not (new := more(flight)):  # a search's last trials told
+                    with interrupts_held():
+                        new = [] if more is None else more(flight)
+                    if not new:  # a search's last trials told
                         break
                     flight.queued.extend(new)
                     continue
@@ -114,6 +118,22 @@ def cancel_all(runner: Runner, flight: Flight, poll_s: float) -> None:
     for job in jobs:
         if not job.done():
             job.cancel(check=False)
+
+
+@contextlib.contextmanager
+def interrupts_held() -> Iterator[None]:
+    """Ctrl-C and SIGTERM wait for the end of the block, then interrupt: a search's Optuna writes
+    (SQLite) cut halfway left the study's store locked, and the interrupted sweep could not fail
+    its trials there ("database is locked")."""
+    seen: list[int] = []
+    held = {s: signal.signal(s, lambda signum, _frame: seen.append(signum)) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, handler in held.items():
+            signal.signal(s, handler)
+    if seen:
+        raise KeyboardInterrupt
 
 
 def _interrupt(_signum: int, _frame: Any) -> None:

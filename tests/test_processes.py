@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 import textwrap
+import time
+from pathlib import Path
+
+import pytest
 
 from tests.conftest import ROOT
 
@@ -82,6 +88,66 @@ def test_a_rank_waiting_for_rank_0_sleeps(tmp_path):
         assert done.returncode == 0, done.stderr
         cpu[how] = float(done.stdout.strip())
     assert cpu["asleep"] < 0.3 and cpu["spinning"] > 2 * cpu["asleep"], cpu
+
+
+# Rank 0 never comes to the collective (a SIGTERM ends it before); rank 1 waits in it. Both get a
+# SIGTERM, as every rank of a worker does at a Ctrl-C or a scancel.
+ONE_NEVER_COMES = textwrap.dedent(
+    """
+    import os, sys, time
+    from trainer.ranks import parallel, sigterm
+
+    sigterm.install()
+    world = parallel.join_world(2)
+    with open(f"{sys.argv[2]}/{world.rank}.pid", "w") as f:
+        f.write(str(os.getpid()))
+    try:
+        if world.rank == 0:
+            time.sleep(120)
+        elif sys.argv[1] == "share":
+            parallel.share(world.comm, None)
+        else:
+            parallel.agree(world.comm, 1, "min")
+    except sigterm.Terminated:
+        print(f"rank {world.rank} terminated", flush=True)
+    """
+)
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().split()[3])
+    except OSError:  # ended
+        return None
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("how", ["share", "agree"])
+def test_a_rank_waiting_for_a_peer_that_sigterm_ended_ends_on_its_own_sigterm(tmp_path, how):
+    """A warm worker's ranks between points: a blocking bcast or allreduce held rank 1 for good (a
+    Python handler never runs inside MPI), so the worker outlived its sweep; asleep, both ranks end."""
+    from trainer.ranks import parallel
+
+    script = tmp_path / "never.py"
+    script.write_text(ONE_NEVER_COMES)
+    cmd = [parallel.find_mpiexec(None), "-n", "2", sys.executable, str(script), how, str(tmp_path)]
+    env = parallel.mpiexec_env() | {"PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 60
+    while len(list(tmp_path.glob("*.pid"))) < 2 and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.5)  # a pid file whole, rank 1 in the collective
+    pids = [int(p.read_text()) for p in sorted(tmp_path.glob("*.pid"))]
+    try:
+        for pid in pids:
+            os.kill(pid, signal.SIGTERM)
+        out, _ = proc.communicate(timeout=30)
+    finally:
+        proxies = [parent for pid in pids if (parent := _parent(pid)) is not None]
+        for pid in [*pids, *proxies, proc.pid]:  # a rank still waiting too, and its launcher
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    assert "rank 0 terminated" in out and "rank 1 terminated" in out, out
 
 
 def test_a_rank_alone_starts_mpi_without_a_daemon_and_passes_no_setting_on():

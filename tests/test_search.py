@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_sweeper import children_of, parents, runs, sweep
+from tests.test_sweeper import children_of, hang_report, parents, runs, sweep
 from tests.test_trainer_runs import trainer
 from trainer import metrics
 from trainer.errors import ConfigError
@@ -117,6 +117,20 @@ def test_time_to_target_as_the_objective(tmp_path, mlflow_uri):
     assert list(tmp_path.glob("multirun/*/*/report/search.png"))
 
 
+def process_tree(root: int) -> str:
+    """``ps``'s lines of ``root`` and its descendants: state, kernel wait, age, command."""
+    lines = subprocess.run(["ps", "-e", "-o", "pid,ppid,stat,wchan:24,etime,args"], capture_output=True, text=True)
+    head, *rows = lines.stdout.splitlines()
+    parent = {int(r.split()[0]): int(r.split()[1]) for r in rows}
+
+    def mine(pid: int) -> bool:
+        while pid not in (root, 0, 1) and pid in parent:
+            pid = parent[pid]
+        return pid == root
+
+    return "\n".join([head] + [r[:300] for r in rows if mine(int(r.split()[0]))])
+
+
 def test_an_interrupted_search_asks_its_trials_again(tmp_path, mlflow_uri):
     # Long trials; Ctrl-C (SIGINT to the sweeper) once one trains (the other waits for its cores, or trains too).
     args = [*SPACE, *TINY, "epochs=200", "hydra.sweeper.n_trials=2"]
@@ -126,7 +140,13 @@ def test_an_interrupted_search_asks_its_trials_again(tmp_path, mlflow_uri):
     while sum(r.info.status == "RUNNING" for r in runs(mlflow_uri)) < 2 and time.monotonic() < deadline:  # parent
         time.sleep(0.3)
     os.kill(proc.pid, signal.SIGINT)
-    out, _ = proc.communicate(timeout=120)
+    try:
+        out, _ = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        tree = process_tree(proc.pid)  # before the kill: what each of its processes waits in
+        proc.kill()
+        out, _ = proc.communicate()
+        pytest.fail(f"the sweep outlived its Ctrl-C by 120 s\n{hang_report(tmp_path, out, '')}\n{tree}")
     assert proc.returncode == 130, out
     assert "RUNNING" not in {r.info.status for r in runs(mlflow_uri)}, out
     s = study(tmp_path)
@@ -141,6 +161,40 @@ def test_an_interrupted_search_asks_its_trials_again(tmp_path, mlflow_uri):
     assert done == asked and "2 of 2 trials" in resumed.stdout
     status = [r.info.status for r in runs(mlflow_uri) if "mlflow.parentRunId" in r.data.tags]
     assert status.count("FINISHED") == 2 and set(status) == {"FINISHED", "KILLED"}  # the interrupted: KILLED
+
+
+def test_a_ctrl_c_inside_a_trials_store_write_interrupts_once_the_write_is_whole(tmp_path):
+    """The watch asks and tells Optuna with interrupts held: a Ctrl-C that came halfway through a
+    tell's SQL (CI's search once failed its interrupted trials on "database is locked") interrupts
+    after it, the trial told in full and the store free for the sweep's last writes."""
+    import optuna
+    from sqlalchemy import event
+    from sqlalchemy.engine import Engine
+
+    from sweeper.watch import interrupts_held
+
+    url = f"sqlite:///{tmp_path / 'optuna.db'}"
+    study = optuna.create_study(storage=url, study_name="s")
+    trial = study.ask()
+
+    sent: list[str] = []
+
+    def ctrl_c_mid_write(_conn, _cursor, statement, *_args) -> None:
+        if not sent and statement.lstrip().upper().startswith(("UPDATE", "INSERT")):
+            sent.append(statement)
+            os.kill(os.getpid(), signal.SIGINT)
+
+    event.listen(Engine, "before_cursor_execute", ctrl_c_mid_write)
+    try:
+        with pytest.raises(KeyboardInterrupt), interrupts_held():
+            study.tell(trial, 0.5)
+    finally:
+        event.remove(Engine, "before_cursor_execute", ctrl_c_mid_write)
+    assert sent  # the Ctrl-C came inside the tell's writes
+    elsewhere = optuna.load_study(study_name="s", storage=optuna.storages.RDBStorage(url))
+    assert [(t.state.name, t.value) for t in elsewhere.trials] == [("COMPLETE", 0.5)]
+    elsewhere.enqueue_trial({"lr": 0.1})  # a write: the store is not left locked
+    assert len(elsewhere.trials) == 2
 
 
 def test_pruned_trials_stop_between_epochs(tmp_path, mlflow_uri):

@@ -138,7 +138,9 @@ def _serve(
         finally:  # trained (its run may wait for the reference: no GPU needed), or failed
             if lease is not None:
                 lease.release()
-        if status is None and (not stream or world.comm.bcast(queue_files.sealed(queue) if world.rank == 0 else None)):
+        if status is None and (
+            not stream or parallel.share(world.comm, queue_files.sealed(queue) if world.rank == 0 else None)
+        ):
             return _settle(waiting, worker, block=True)  # the last points' references
         # (a search's queue, not sealed: another worker took the ticket; wait for the next)
         if status == requeue.REQUEUE_STATUS:  # the point resumes from its checkpoint after the requeue
@@ -151,8 +153,7 @@ def _next_ticket(queue: Path, world: parallel.World, waiting: list, worker: str)
     """A streaming queue's worker, between points: rank 0 waits for a ticket or the seal, landing
     its checks meanwhile (their results are what the search waits for); False: the sweeper is gone."""
     ok = queue_files.wait_ticket(queue, lambda: _settle(waiting, worker, block=False)) if world.rank == 0 else True
-    parallel.wait_for_all(world.comm)  # the other ranks asleep meanwhile
-    return bool(world.comm.bcast(ok))
+    return bool(parallel.share(world.comm, ok))  # the other ranks asleep meanwhile
 
 
 def _next_point(
@@ -177,8 +178,7 @@ def _next_point(
 
     point_dir = queue_files.claim(queue, name, served) if world.rank == 0 else None
     claimed_at = time.time()
-    parallel.wait_for_all(world.comm)  # rank 0 may still record the last point
-    point_dir = world.comm.bcast(point_dir)
+    point_dir = parallel.share(world.comm, point_dir)  # rank 0 may still record the last point
     if point_dir is None:
         return None
     status, error = 0, ""

@@ -51,9 +51,9 @@ def _warn(_signum: int, _frame: Any) -> None:
 
 def warned(comm: Any) -> bool:
     """Whether any rank was warned (collective: every rank calls it at the same point)."""
-    from mpi4py import MPI
+    from trainer.ranks import parallel
 
-    return bool(comm.allreduce(int(_warned), op=MPI.MAX))
+    return bool(parallel.agree(comm, int(_warned), "max"))  # asleep: a SIGTERM still ends a waiting rank
 
 
 def requeues_left() -> int:

@@ -52,8 +52,7 @@ class Lease:
         t0 = time.perf_counter()
         while True:
             mine = self._try()
-            parallel.wait_for_all(comm)  # a rank that slept longer: the others wait asleep
-            if comm.allreduce(int(mine), op=_min()) == 1:
+            if parallel.agree(comm, int(mine), "min") == 1:  # a rank that slept longer: the others wait asleep
                 return time.perf_counter() - t0
             if mine:
                 self.release()
@@ -76,9 +75,3 @@ def from_env(local_rank: int) -> Lease | None:
     if not folder or not units[0]:
         return None
     return Lease(folder, units[local_rank % len(units)])
-
-
-def _min() -> Any:
-    from mpi4py import MPI
-
-    return MPI.MIN

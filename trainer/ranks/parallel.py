@@ -7,6 +7,7 @@ mpiexec or srun, it checks that the world it landed in has N ranks.
 from __future__ import annotations
 
 import os
+import pickle
 import shutil
 import signal
 import subprocess
@@ -161,7 +162,39 @@ def wait_for_all(comm: Any) -> None:
     Called before a collective whose ranks arrive far apart; the collective then costs nothing."""
     if comm.Get_size() == 1:
         return
-    request = comm.Ibarrier()
+    _asleep(comm.Ibarrier())
+
+
+def share(comm: Any, obj: Any, root: int = 0) -> Any:
+    """``comm.bcast(obj)`` of a small object, asleep while it waits. A warm worker's ranks talk so
+    between points, where a SIGTERM may end one rank anywhere: a peer waiting in a blocking MPI call
+    never runs Python's handler for its own SIGTERM, and waited there for good (a Ctrl-C'd search's
+    worker held its sweep's output open past the sweep); asleep, it ends too."""
+    if comm.Get_size() == 1:
+        return obj
+    mine = comm.Get_rank() == root
+    data = np.frombuffer(pickle.dumps(obj), np.uint8).copy() if mine else np.empty(0, np.uint8)
+    size = np.array([data.size], np.int64)
+    _asleep(comm.Ibcast(size, root))
+    if not mine:
+        data = np.empty(int(size[0]), np.uint8)
+    _asleep(comm.Ibcast(data, root))
+    return obj if mine else pickle.loads(data.tobytes())
+
+
+def agree(comm: Any, value: int, op: str) -> int:
+    """``comm.allreduce(value)`` with ``op`` "min" or "max", asleep while it waits, as :func:`share`."""
+    if comm.Get_size() == 1:
+        return value
+    from mpi4py import MPI
+
+    buf = np.array([value], np.int64)
+    _asleep(comm.Iallreduce(MPI.IN_PLACE, buf, op={"min": MPI.MIN, "max": MPI.MAX}[op]))
+    return int(buf[0])
+
+
+def _asleep(request: Any) -> None:
+    """Wait for a nonblocking MPI call, asleep between tests (signal handlers run meanwhile)."""
     while not request.Test():
         time.sleep(WAIT_POLL_S)
 
