@@ -219,6 +219,29 @@ def test_pruned_trials_stop_between_epochs(tmp_path, mlflow_uri):
     assert len({r.data.tags[metrics.TAG_WORKER] for r in kids.values()}) <= 2  # a pruned point ends no worker
 
 
+def test_a_run_reading_its_stop_as_the_sweeper_writes_it_reads_the_whole_reason(tmp_path):
+    """A pruned trial's run reads ``stop`` between epochs while the sweeper writes it: it read the
+    file created but not yet written, and tagged its run "asked" instead of why (CI, once)."""
+    import threading
+
+    folders = [tmp_path / str(i) for i in range(300)]
+    for f in folders:
+        f.mkdir()
+    read, done = [], threading.Event()
+
+    def run_reading() -> None:
+        while not done.is_set():
+            read.extend(w for f in folders if (w := progress.stop_asked(f)) is not None)
+
+    reader = threading.Thread(target=run_reading)
+    reader.start()
+    for f in folders:
+        progress.ask_stop(f, "pruned by the search's threshold pruner")
+    done.set()
+    reader.join()
+    assert read and set(read) == {"pruned by the search's threshold pruner"}
+
+
 def test_a_run_stops_when_its_sweep_asks(idx_dir, mlflow_uri, tmp_path):
     # The trainer's side alone, on two real ranks: a stop asked before the first epoch ends it after that epoch.
     folder = tmp_path / "point"

@@ -7,6 +7,7 @@ writes the same files."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -40,8 +41,11 @@ def read(folder: str | Path, seen: int = 0) -> list[dict[str, Any]]:
 
 
 def ask_stop(folder: str | Path, why: str) -> None:
-    """The sweeper's request: the run stops after its current epoch."""
-    (Path(folder) / STOP).write_text(why)
+    """The sweeper's request: the run stops after its current epoch. Written aside, then renamed: a
+    run reading it between the file's creation and its write read no reason (its pruned tag lost)."""
+    aside = Path(folder) / f"{STOP}.tmp"
+    aside.write_text(why)
+    os.replace(aside, Path(folder) / STOP)
 
 
 def stop_asked(folder: str | Path) -> str | None:
