@@ -127,7 +127,8 @@ def _serve(
     while True:
         if _settle(waiting, worker, block=False) == KILLED_STATUS:
             return KILLED_STATUS
-        if requeue.warned(world.comm) and requeue.requeues_left() > 0:  # the job's restart serves the rest
+        # warned: the job's restart serves the rest
+        if requeue.warned(world.comm, between_points=True) and requeue.requeues_left() > 0:
             return _settle(waiting, worker, block=True) or requeue.REQUEUE_STATUS
         if stream and not _next_ticket(queue, world, waiting, worker):  # a search's: not holding the lease
             return _settle(waiting, worker, block=True)

@@ -153,6 +153,7 @@ def join_world(nproc: int) -> World:
 
 
 WAIT_POLL_S = 0.002
+SPIN_S = 0.003  # longer than a poll's sleep: a rank that slept wakes while its peer still spins
 
 
 def wait_for_all(comm: Any) -> None:
@@ -194,9 +195,13 @@ def agree(comm: Any, value: int, op: str) -> int:
 
 
 def _asleep(request: Any) -> None:
-    """Wait for a nonblocking MPI call, asleep between tests (signal handlers run meanwhile)."""
+    """Wait for a nonblocking MPI call, asleep between tests (signal handlers run meanwhile). Tested
+    without a pause for its first SPIN_S: ranks in step meet within microseconds, and a first sleep
+    would add milliseconds to each exchange."""
+    spin_until = time.perf_counter() + SPIN_S
     while not request.Test():
-        time.sleep(WAIT_POLL_S)
+        if time.perf_counter() > spin_until:
+            time.sleep(WAIT_POLL_S)
 
 
 class HostAllreduce:
