@@ -14,7 +14,7 @@ from sweeper.records import PARENT_JOURNAL, SweepRecord
 from sweeper.runners.base import Runner
 from sweeper.watch import Flight
 from trainer import metrics
-from trainer.record import journal
+from trainer.record import journal, store
 
 
 def collect(
@@ -106,7 +106,7 @@ def close_runs(
     away: Exception | None = None
     try:
         if record.uri.startswith(("http://", "https://")):  # what points left while the server was away
-            journal.bound_waits(opts.store_wait_s)  # from here on the sweep's end waits a bounded time
+            store.bound_waits(opts.store_wait_s)  # from here on the sweep's end waits a bounded time
             for path, what in journal.send_left(sweep_dir):
                 display.console.print(f"tracking journal of {path.parent.name}: {what}")
         else:  # runs warm workers handed off that the watch has not sent in full (a worker killed mid-run)
@@ -118,14 +118,14 @@ def close_runs(
         watched = {p.name: j.run_id for p, j in earlier.values()}
         outcomes = collect(record, sweep_id, points, done_before, flight, watched)
     except Exception as e:
-        if not journal.server_away(e):
+        if not store.server_away(e):
             raise
         away, outcomes = e, offline(points, done_before, flight)
     if away is None:  # the sweep's GPU-seconds (core-seconds) on its parent run
         try:
             record.log_parent(resources.parent_metrics(spent(outcomes)))
         except Exception as e:  # the server went away just now: the closing lines still say them
-            if not journal.server_away(e):
+            if not store.server_away(e):
                 raise
             away = e
     add_jobs(runner, outcomes)
@@ -147,7 +147,7 @@ def end_parent(record: SweepRecord, status: str, sweep_dir: Path, away: Exceptio
             record.end_parent(status)
             return None
         except Exception as e:
-            if not journal.server_away(e):
+            if not store.server_away(e):
                 raise
             away = e
     journal.Journal(sweep_dir / PARENT_JOURNAL, record.uri, record.parent_id).append({"op": "end", "status": status})

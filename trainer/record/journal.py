@@ -269,7 +269,7 @@ class Sender(threading.Thread):
 def send_left(folder: str | os.PathLike) -> list[tuple[Path, str]]:
     """Send every journal under ``folder`` (``python -m sweeper.sync``, a sweep's end): (journal,
     what happened) for each, "sent", "sent, run still open" or the store's error."""
-    from trainer.record.store import client
+    from trainer.record.store import client, server_away
 
     out, away = [], set()
     for path in sorted(Path(folder).rglob(FILE)):
@@ -290,17 +290,3 @@ def send_left(folder: str | os.PathLike) -> list[tuple[Path, str]]:
                 away.add(uri)
             out.append((path, f"not sent: {type(e).__name__}: {e}"[:300]))
     return out
-
-
-def bound_waits(seconds: float) -> None:
-    """From now on in this process, a call to a tracking server gives up after about ``seconds`` (one
-    try and one retry, each at most ``seconds / 2``): MLflow's own default retries for minutes."""
-    os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] = "1"
-    os.environ["MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR"] = "1"
-    os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] = str(max(1, int(seconds / 2)))
-
-
-def server_away(error: BaseException) -> bool:
-    """Whether MLflow's error says the tracking server did not answer (refused, timed out, gone)."""
-    text = str(error)
-    return "API request to" in text and any(w in text for w in ("Max retries", "timeout", "Connection", "timed out"))

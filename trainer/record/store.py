@@ -173,3 +173,17 @@ def _keep(db: Path) -> None:
             copy.close()
         os.replace(part, template)
     part.unlink(missing_ok=True)
+
+
+def bound_waits(seconds: float) -> None:
+    """From now on in this process, a call to a tracking server gives up after about ``seconds`` (one
+    try and one retry, each at most ``seconds / 2``): MLflow's own default retries for minutes."""
+    os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] = "1"
+    os.environ["MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR"] = "1"
+    os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] = str(max(1, int(seconds / 2)))
+
+
+def server_away(error: BaseException) -> bool:
+    """Whether MLflow's error says the tracking server did not answer (refused, timed out, gone)."""
+    text = str(error)
+    return "API request to" in text and any(w in text for w in ("Max retries", "timeout", "Connection", "timed out"))
