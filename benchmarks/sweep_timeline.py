@@ -5,7 +5,8 @@
 The phases come from the sweep folder's timeline.json (sweeper/timeline.py), in seconds from the
 sweeper process's start: Python and Hydra come before the first. Each run (with the store): its
 worker, start and end from the process's start, time to first batch, training (the sum of its
-epoch times), the steps its CPU check compared, whether the reference was cached, its weight error.
+epoch times), the steps its CPU check compared, whether the reference was cached, its weight error,
+the largest share of its timed batches a rank waited for a core.
 """
 
 from __future__ import annotations
@@ -43,7 +44,8 @@ def runs(uri: str, t0: float) -> None:
             f"start {r.info.start_time / 1e3 - t0:6.2f} end {r.info.end_time / 1e3 - t0:6.2f} check {landed} "
             f"first_batch {m.get('time/to_first_batch_s', float('nan')):5.2f} training {training:6.3f} "
             f"steps {tags.get('sweepscale.check_steps', '-'):>4s} reference {tags.get('sweepscale.reference', '-')} "
-            f"error {m.get('check/weight_rel_error/max', float('nan')):.1e}"
+            f"error {m.get('check/weight_rel_error/max', float('nan')):.1e} "
+            f"core_wait {m.get('timing/core_wait', float('nan')):.0%}"
         )
 
 

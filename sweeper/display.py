@@ -97,7 +97,7 @@ def summary(outcomes: list[Outcome], report: Any = None) -> None:
         colour = {"FINISHED": "green", "SKIPPED": "cyan", "PRUNED": "yellow"}.get(o.status, "red")
         status = f"[{colour}]{o.status}[/{colour}]" + (" [red]diverged[/red]" if row.get("diverged") else "")
         speedup = row.get("strong_speedup") or row.get("weak_speedup") or ""
-        beside = bool(speedup) and row.get("runs_beside") not in ("", 0, 0.0)
+        beside = bool(speedup) and row.get("timed_alone") == "no"
         contended |= beside
         speedup = f"{float(speedup):.2f}x" + (" [red]![/red]" if beside else "") if speedup else "-"
         cells = [
@@ -115,7 +115,7 @@ def summary(outcomes: list[Outcome], report: Any = None) -> None:
         table.add_row(*cells, style="bold" if o.name == best else None)
     console.print(table)
     if contended:
-        console.print("[red]![/red] timed beside other runs on its host: see the report's findings")
+        console.print("[red]![/red] not timed alone (other runs, or processes on its cores): see the report's findings")
     for o in outcomes:
         if o.status == "PRUNED":  # the search stopped it: why, no log to read
             console.print(f"[yellow]{o.name}[/yellow] PRUNED: {o.error}")

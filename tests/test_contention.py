@@ -4,6 +4,7 @@ the host's timing lock, and real trainer runs recording what they saw."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -112,3 +113,21 @@ def test_an_exclusive_run_waits_for_the_host_and_times_alone(idx_dir, mlflow_uri
     assert run.data.metrics[metrics.BESIDE] == 0 and metrics.TAG_BESIDE not in run.data.tags
     assert run.data.tags[metrics.TAG_TIMING_POLICY] == "exclusive" and other["beside"] == []
     assert run.data.metrics[metrics.HOST_WAIT_S] > 1
+
+
+def on_core_zero() -> None:
+    os.sched_setaffinity(0, {0})
+
+
+@pytest.mark.mpi
+def test_ranks_that_share_one_core_record_how_long_they_waited_for_it(idx_dir, mlflow_uri, tmp_path):
+    """Real ranks (nproc=2) on one core, as when other processes take a rank's core: no other run
+    is beside the timed batches, but each rank waited for the core while the other had it, which
+    the run records (the report then trusts no speedup from it: tests/test_report_analysis.py)."""
+    args = [*COMMON, f"data.dir={idx_dir}", "nproc=2", "epochs=20"]
+    cmd = [MPIEXEC, "-n", "2", sys.executable, "-m", "trainer", *args]
+    result = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=120, preexec_fn=on_core_zero)
+    assert result.returncode == 0, result.stderr
+    _client, run = only_run(mlflow_uri)
+    assert run.info.status == "FINISHED" and run.data.metrics[metrics.BESIDE] == 0
+    assert 0.2 < run.data.metrics[metrics.CORE_WAIT] <= 1, run.data.metrics[metrics.CORE_WAIT]

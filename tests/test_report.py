@@ -67,10 +67,12 @@ def test_sweep_ends_with_a_report_of_every_point(study_sweep):
         assert float(row["batch_ms"]) == pytest.approx(kids[name].data.metrics[metrics.phase_time("batch")])
 
     # lr changes no batch's work: the two lr values are repeats of one timing, T at an nproc the
-    # median of its repeats that ran with nothing beside them (of all, where none did).
+    # median of its repeats that ran with nothing beside them and on cores of their own (of all,
+    # where none did).
     def time_of(batch: str, nproc: str) -> float:
         repeats = [rows[f"nproc={nproc},batch_size={batch},lr={lr}"] for lr in ("0.1", "0.5")]
-        alone = [r for r in repeats if float(r["runs_beside"]) == 0] or repeats
+        alone = [r for r in repeats if float(r["runs_beside"]) == 0 and float(r["core_wait"]) <= 0.05] or repeats
+        assert all((r in alone) == (r["timed_alone"] == "yes") for r in repeats) or alone == repeats
         return statistics.median(float(r["batch_ms"]) for r in alone)
 
     for lr in ("0.1", "0.5"):
@@ -87,7 +89,7 @@ def test_sweep_ends_with_a_report_of_every_point(study_sweep):
         assert float(two["weak_speedup"]) == pytest.approx(2 * ratio, rel=1e-3)
         assert float(two["weak_efficiency"]) == pytest.approx(ratio, rel=1e-3)
     assert {r["timing"] for r in rows.values()} == {"shared"}  # each run says what ran beside it
-    assert all(r["runs_beside"] != "" for r in rows.values())
+    assert all(r["runs_beside"] != "" and 0 <= float(r["core_wait"]) <= 1 for r in rows.values())
 
     for png in ("convergence", "finals", "weight_error", "scaling_strong", "scaling_weak", "phases", "roofline"):
         assert (folder / f"{png}.png").stat().st_size > 10_000, png

@@ -98,11 +98,14 @@ def test_regimes_from_steps_to_target():
     assert [analysis.steps_to_target(c, target) for c in curves] == [3, 2]
 
 
-def point(name: str, config: dict, ms: float, beside: int = 0, precision: float = 0.9, loss=None, status="FINISHED"):
-    """A study point as the report reads it from MLflow."""
+def point(
+    name: str, config: dict, ms: float, beside: int = 0, precision: float = 0.9, loss=None, status="FINISHED", wait=0.0
+):
+    """A study point as the report reads it from MLflow; ``wait``: its ranks' share of time waiting for a core."""
     from sweeper.report.study import Point
 
     values = {metrics.phase_time("batch"): ms, metrics.BESIDE: beside, metrics.TEST_PRECISION: precision}
+    values[metrics.CORE_WAIT] = wait
     values.update({metrics.phase_quantile("batch", "q1"): ms * 0.95, metrics.phase_quantile("batch", "q3"): ms * 1.05})
     values[metrics.SAMPLES_PER_S] = config["batch_size"] * 1000 / ms
     return Point(name, name, "s", status, config, values, {}, loss=loss or [(0, 2.3), (1, 1.0)])
@@ -156,7 +159,7 @@ def test_a_baseline_timed_only_beside_others_is_flagged_with_its_efficiency_abov
     rows = families.family_rows(pts, fam)
     assert rows[1].efficiency == pytest.approx(20 / 12) and not rows[0].trusted
     assert families.flags(fam, rows) == [
-        "nproc=1 was timed only beside other runs on its host: its speedup is not to be trusted "
+        "nproc=1 was timed only with other runs beside it: its speedup is not to be trusted "
         "(run the study with perf.timing=exclusive)",
         "efficiency 167% at nproc=2 is above 1: its baseline nproc=1 was slowed by other runs beside it",
     ]
@@ -228,3 +231,36 @@ def test_overhead_of_a_sweep_with_parallel_or_no_points_and_old_runs():
     # Several sweeps: each over its own runs.
     both = overhead.per_sweep([parent("s1"), parent("s2", 0, 20_000)], [run("s1"), run("s2"), run("s2")])
     assert [(o.sweep_id, o.points, o.wall_s) for o in both] == [("s1", 1, 60.0), ("s2", 2, 20.0)]
+
+
+def test_a_point_whose_ranks_waited_for_a_core_is_timed_with_company_and_flagged():
+    """No other run beside it, but other processes on its cores (the sweep's own start-up on two
+    cores): its ranks waited for one 40% of the time. The repeats that had cores to themselves set
+    the time; where none did, the flag says what slowed it and by how much."""
+    configs = [{"hidden": 64, "batch_size": 64, "nproc": n, "lr": lr} for n in (1, 2) for lr in (0.1, 0.2)]
+    timings = {(1, 0.1): (20, 0.4), (1, 0.2): (10, 0.049), (2, 0.1): (5, 0.0), (2, 0.2): (5.2, 0.0)}
+    pts = [
+        point(f"p{i}", c, timings[(c["nproc"], c["lr"])][0], wait=timings[(c["nproc"], c["lr"])][1])
+        for i, c in enumerate(configs)
+    ]
+    (fam,) = families.families(configs)
+    one, two = families.family_rows(pts, fam)
+    assert (one.batch_ms, one.contended, one.trusted) == (10, 1, True)  # 4.9%: under CORE_WAIT, alone
+    assert families.flags(fam, [one, two]) == []
+    pair = [configs[0], configs[2]]
+    (fam,) = families.families(pair)
+    waited = [point("one", pair[0], 20, wait=0.4), point("two", pair[1], 5)]
+    rows = families.family_rows(waited, fam)
+    assert not rows[0].trusted and rows[1].trusted and rows[1].efficiency == pytest.approx(2.0)
+    assert families.flags(fam, rows) == [
+        "nproc=1 was timed only with other processes on its cores (its ranks waited for one 40% of the time): its "
+        "speedup is not to be trusted (give its ranks cores no other process needs meanwhile)",
+        "efficiency 200% at nproc=2 is above 1: its baseline nproc=1 was slowed by other processes on its cores "
+        "(its ranks waited for one 40% of the time)",
+    ]
+    both = [point("one", pair[0], 20, beside=1, wait=0.4), point("two", pair[1], 5)]
+    (first, _) = families.flags(fam, families.family_rows(both, fam))
+    assert first.startswith("nproc=1 was timed only with other runs beside it and other processes on its cores")
+    assert first.endswith(
+        "(run the study with perf.timing=exclusive; give its ranks cores no other process needs meanwhile)"
+    )

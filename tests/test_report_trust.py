@@ -88,6 +88,6 @@ def test_a_study_with_only_contended_baselines_says_so(tmp_path):
     finally:
         POINTS[(1, 0.2)] = (10.0, 0, 0.93, [2.3, 0.8, 0.4])
     summary = (tmp_path / "r" / "summary.md").read_text()
-    assert "nproc=1 was timed only beside other runs on its host" in summary
+    assert "nproc=1 was timed only with other runs beside it" in summary
     assert "efficiency 171% at nproc=2 is above 1: its baseline nproc=1 was slowed by other runs beside it" in summary
-    assert "2: 3.42x (171%)" in summary and "1: 1.00x (100%, timed beside other runs)" in summary
+    assert "2: 3.42x (171%)" in summary and "1: 1.00x (100%, timed with other runs beside it)" in summary

@@ -89,6 +89,9 @@ TIME_TO_FIRST_BATCH = "time/to_first_batch_s"
 BESIDE = "timing/beside"
 TAG_BESIDE = "sweepscale.beside"
 HOST_WAIT_S = "timing/host_wait_s"
+# The largest share of the timed batches' wall time any rank spent runnable but waiting for a core (Linux's
+# schedstat run delay): other processes on its cores (the sweeper's own start-up, other workers) slowed it.
+CORE_WAIT = "timing/core_wait"
 TAG_TIMING_POLICY = "sweepscale.timing_policy"
 
 

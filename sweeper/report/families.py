@@ -6,8 +6,9 @@
   do not split a family: its points at one nproc are repeats of one timing.
 - Batch-size studies: at least three points that differ only in batch_size.
 - Each nproc's time per batch is the median over its repeats timed with no other run beside them
-  (trainer/ranks/contention.py); where every repeat had company it is used, marked contended, and the
-  family's flags say so. An efficiency above 1 is flagged with its likely cause.
+  and no other process on their cores (trainer/ranks/contention.py); where every repeat had company
+  it is used, marked contended, and the family's flags say so. An efficiency above 1 is flagged
+  with its likely cause.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from trainer import metrics
 # Config keys that change no batch's work: points differing only in them time the same batches.
 TIMING_NEUTRAL = ("lr", "reg", "seed", "epochs", "data.shuffle", "model.init", "data.scale", "perf.", "check.", "save.")
 SUPERLINEAR = 1.05  # an efficiency above this is flagged: beyond what timing noise explains in a healthy study
+CORE_WAIT = 0.05  # a point whose ranks waited for a core this share of their timed batches was slowed by it
 
 
 def neutral(key: str) -> bool:
@@ -116,8 +118,9 @@ class Scaling:
     phases: dict[str, float] = field(default_factory=dict)
     repeats: list[float] = field(default_factory=list)  # ms per batch of each repeat used
     members: list[int] = field(default_factory=list)  # the points (indices) at this nproc
-    contended: int = 0  # how many of them were timed beside other runs
+    contended: int = 0  # how many of them were timed beside other runs, or on shared cores
     trusted: bool = True  # the time comes from repeats with nothing beside them
+    company: str = ""  # what shared the timings where none had its host to itself, in words
 
 
 def scaling(kind: str, nprocs: Sequence[int], batch_ms: Sequence[float]) -> list[tuple]:
@@ -140,9 +143,24 @@ def point_batch_ms(p: Any) -> float:
     return p.metrics.get(metrics.phase_time("batch"), math.nan)
 
 
+def company(p: Any) -> list[str]:
+    """What shared a point's timed batches, in words; none for a point timed alone (or recorded
+    before this was measured: not known, not flagged)."""
+    why = []
+    if p.metrics.get(metrics.BESIDE, 0) > 0:
+        why.append(BESIDE_RUNS)
+    wait = p.metrics.get(metrics.CORE_WAIT, 0)
+    if wait > CORE_WAIT:
+        why.append(f"other processes on its cores (its ranks waited for one {wait:.0%} of the time)")
+    return why
+
+
+BESIDE_RUNS = "other runs beside it"
+
+
 def contended(p: Any) -> bool:
-    """Timed beside other runs of its host (a run recorded before this was measured: not known, not flagged)."""
-    return p.metrics.get(metrics.BESIDE, 0) > 0
+    """Timed beside other runs of its host, or on cores that other processes took."""
+    return bool(company(p))
 
 
 def family_rows(points: Sequence[Any], family: Family) -> list[Scaling]:
@@ -170,9 +188,11 @@ def family_rows(points: Sequence[Any], family: Family) -> list[Scaling]:
         ]
         repeats = times if len(used) > 1 else used[0].batch_ms_repeats
         n_contended = len(idx) - len(alone)
-        rows.append(
-            Scaling(nproc, t, q1, q3, statistics.median(rate), 0, 0, 0, phases, repeats, idx, n_contended, bool(alone))
-        )
+        row = Scaling(nproc, t, q1, q3, statistics.median(rate), 0, 0, 0, phases, repeats, idx, n_contended)
+        if not alone:
+            row.trusted = False
+            row.company = " and ".join(dict.fromkeys(why for i in idx for why in company(points[i])))
+        rows.append(row)
     for r, (speedup, ideal, eff) in zip(
         rows, scaling(family.kind, [r.nproc for r in rows], [r.batch_ms for r in rows])
     ):
@@ -185,16 +205,17 @@ def flags(family: Family, rows: Sequence[Scaling]) -> list[str]:
     out = []
     for r in rows:
         if not r.trusted:
-            out.append(
-                f"nproc={r.nproc} was timed only beside other runs on its host: its speedup is not to be trusted "
-                "(run the study with perf.timing=exclusive)"
-            )
+            fixes = ["run the study with perf.timing=exclusive"] if BESIDE_RUNS in r.company else []
+            if "cores" in r.company:
+                fixes.append("give its ranks cores no other process needs meanwhile")
+            fix = "; ".join(fixes)
+            out.append(f"nproc={r.nproc} was timed only with {r.company}: its speedup is not to be trusted ({fix})")
     base = rows[0]
     for r in rows[1:]:
         if r.efficiency <= SUPERLINEAR:
             continue
         if not base.trusted:
-            why = f"its baseline nproc={base.nproc} was slowed by other runs beside it"
+            why = f"its baseline nproc={base.nproc} was slowed by {base.company}"
         elif r.batch_q1 <= base.batch_ms * (base.nproc / r.nproc if family.kind == "strong" else 1) <= r.batch_q3:
             why = "within the timing noise (the ideal time lies between its batches' quartiles)"
         else:

@@ -7,6 +7,7 @@ import csv
 from pathlib import Path
 from typing import Any
 
+from sweeper.report.families import contended
 from sweeper.report.overhead import in_run_s
 from sweeper.report.study import Point
 from trainer import metrics
@@ -53,6 +54,8 @@ def csv_rows(points: list[Point], axis: list[str], fams: list, finished: list[Po
                 "timing": p.tags.get(metrics.TAG_TIMING_POLICY, ""),
                 "runs_beside": m.get(metrics.BESIDE, ""),
                 "beside": p.tags.get(metrics.TAG_BESIDE, ""),
+                "core_wait": m.get(metrics.CORE_WAIT, ""),
+                "timed_alone": "no" if contended(p) else "yes",
                 "warm": p.tags.get(metrics.TAG_WARM, ""),
                 "worker": p.tags.get(metrics.TAG_WORKER, ""),
             }

@@ -190,7 +190,7 @@ def summary_markdown(study: Study, points: list[Point], report: Report, fams: li
         lines.append(f"| {name} | {why} | - | - | - | - |")
     for fam, rows in fams:
         text = ", ".join(
-            f"{r.nproc}: {r.speedup:.2f}x ({r.efficiency:.0%}{'' if r.trusted else ', timed beside other runs'})"
+            f"{r.nproc}: {r.speedup:.2f}x ({r.efficiency:.0%}{'' if r.trusted else ', timed with ' + r.company})"
             for r in rows
         )
         lines += ["", f"{fam.kind.capitalize()} scaling, {fam.label}: speedup (efficiency) by nproc {text}"]

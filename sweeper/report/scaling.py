@@ -40,7 +40,7 @@ def scaling_figure(kind: str, fams: list[tuple[Family, list[Scaling]]], out: Pat
         ax[0][1].plot(p, [r.samples_per_s for r in rows], marker="o", color=c)
         ax[0][2].plot(p, [r.speedup for r in rows], marker="o", color=c)
         ax[0][3].plot(p, [r.efficiency for r in rows], marker="o", color=c)
-        for r in rows:  # timed only beside other runs: ringed, and said below the panels
+        for r in rows:  # timed only with other runs or processes: ringed, and said below the panels
             if not r.trusted:
                 values = (r.batch_ms, r.samples_per_s, r.speedup, r.efficiency)
                 for a, v in zip(ax[0], values):

@@ -6,9 +6,10 @@ shared runs (the default), or exclusive, waiting for the runs timing now, which 
 It also leaves a marker in the host's folder (``SWEEPSCALE_TIMING_DIR``, else
 ``<tmp>/sweepscale-timing``): its name, GPUs and the span of its timed batches, kept an hour after
 it ends. At the end it counts the other runs whose spans overlapped its own: the report computes
-speedups from timings that had none (sweeper/report/analysis.py). One host's view: rank 0 sees
-its own node, and a Slurm job with a private /tmp sees no other job (point SWEEPSCALE_TIMING_DIR
-at a node-local folder that all jobs share).
+speedups from timings that had none (sweeper/report/families.py). Each rank also measures how
+long it waited for a core meanwhile (:class:`CoreWait`): the processes that are not runs. One
+host's view: rank 0 sees its own node, and a Slurm job with a private /tmp sees no other job
+(point SWEEPSCALE_TIMING_DIR at a node-local folder that all jobs share).
 """
 
 from __future__ import annotations
@@ -103,6 +104,30 @@ class TimedSpan:
             if other["start"] < self.end and (end is None or end > self.start):
                 found.append(f"{other['run']} ({other['units']})")
         return sorted(found)
+
+
+class CoreWait:
+    """The share of its wall time, from now, that this thread waits runnable for a core: 0 on a core
+    of its own, about 1/2 beside one other busy process on it. Timed batches that waited so were
+    slowed by whatever else ran there (on a CPU sweep: the sweeper's start-up, other workers), which
+    no marker names. None where the kernel keeps no schedstat (/proc/thread-self/schedstat: Linux)."""
+
+    def __init__(self) -> None:
+        self.waited, self.t0 = run_delay_s(), time.perf_counter()
+
+    def share(self) -> float | None:
+        now = run_delay_s()
+        if self.waited is None or now is None:
+            return None
+        return (now - self.waited) / max(time.perf_counter() - self.t0, 1e-9)
+
+
+def run_delay_s() -> float | None:
+    """Seconds this thread has spent runnable, waiting for a core, since it started."""
+    try:
+        return int(Path("/proc/thread-self/schedstat").read_text().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def for_run(name: str | None, exclusive: bool, nproc: int, device: str) -> TimedSpan:

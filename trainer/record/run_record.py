@@ -241,10 +241,13 @@ def _record_utilization(
     )
 
 
-def record_beside(recorder: tracking.Recorder, span: TimedSpan) -> None:
-    """What else ran while the batches were timed: the report trusts timings with nothing beside."""
+def record_beside(recorder: tracking.Recorder, span: TimedSpan, core_wait: float | None = None) -> None:
+    """What else ran while the batches were timed: the report trusts timings with nothing beside.
+    ``core_wait``: the largest share of them a rank waited for a core (None: not known here)."""
     recorder.metric(metrics.BESIDE, len(span.beside))
     recorder.metric(metrics.HOST_WAIT_S, span.waited_s)
+    if core_wait is not None:
+        recorder.metric(metrics.CORE_WAIT, core_wait)
     tags = {metrics.TAG_TIMING_POLICY: "exclusive" if span.exclusive else "shared"}
     if span.beside:
         tags[metrics.TAG_BESIDE] = ", ".join(span.beside)[:5000]
