@@ -250,7 +250,7 @@ def train_on_rank(
             first_epoch = replace(schedule, epochs=1)
             fit(steps_on(scratch), xp, scratch, *train, first_epoch, world.rank, world.size, repeat_clock)
             repeat_ms.append(repeat_clock.medians()["batch"])
-        core_wait = waiting.share()
+        core_wait = None if on_gpu else waiting.share()  # a CPU rank's batches wait with it; a GPU's run on
     core_wait = parallel.agree(world.comm, -1 if core_wait is None else round(core_wait * 1e6), "max") / 1e6
     if recorder is None:
         return None
