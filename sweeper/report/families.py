@@ -26,6 +26,7 @@ from trainer import metrics
 TIMING_NEUTRAL = ("lr", "reg", "seed", "epochs", "data.shuffle", "model.init", "data.scale", "perf.", "check.", "save.")
 SUPERLINEAR = 1.05  # an efficiency above this is flagged: beyond what timing noise explains in a healthy study
 CORE_WAIT = 0.05  # a point whose ranks waited for a core this share of their timed batches was slowed by it
+BESIDE_RUNS, ON_CORES = "other runs beside it", "other processes on its cores"  # what shared a point's timings
 
 
 def neutral(key: str) -> bool:
@@ -151,11 +152,8 @@ def company(p: Any) -> list[str]:
         why.append(BESIDE_RUNS)
     wait = p.metrics.get(metrics.CORE_WAIT, 0)
     if wait > CORE_WAIT:
-        why.append(f"other processes on its cores (its ranks waited for one {wait:.0%} of the time)")
+        why.append(f"{ON_CORES} (its ranks waited for one {wait:.0%} of the time)")
     return why
-
-
-BESIDE_RUNS = "other runs beside it"
 
 
 def contended(p: Any) -> bool:
@@ -206,7 +204,7 @@ def flags(family: Family, rows: Sequence[Scaling]) -> list[str]:
     for r in rows:
         if not r.trusted:
             fixes = ["run the study with perf.timing=exclusive"] if BESIDE_RUNS in r.company else []
-            if "cores" in r.company:
+            if ON_CORES in r.company:
                 fixes.append("give its ranks cores no other process needs meanwhile")
             fix = "; ".join(fixes)
             out.append(f"nproc={r.nproc} was timed only with {r.company}: its speedup is not to be trusted ({fix})")
