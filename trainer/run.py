@@ -33,7 +33,7 @@ from trainer.lifecycle.requeue import TimeLimitReached
 from trainer.options import StepOptions
 from trainer.ranks import parallel, sigterm
 from trainer.ranks.backend import Backend, gpu_count, pinned, select
-from trainer.ranks.contention import CoreWait, for_run
+from trainer.ranks.contention import CoreWait, for_run, worst_wait
 from trainer.ranks.sigterm import Terminated
 from trainer.record import checkpoint, store, tracking
 from trainer.record.run_record import (
@@ -250,12 +250,13 @@ def train_on_rank(
             first_epoch = replace(schedule, epochs=1)
             fit(steps_on(scratch), xp, scratch, *train, first_epoch, world.rank, world.size, repeat_clock)
             repeat_ms.append(repeat_clock.medians()["batch"])
-        core_wait = None if on_gpu else waiting.share()  # a CPU rank's batches wait with it; a GPU's run on
-    core_wait = parallel.agree(world.comm, -1 if core_wait is None else round(core_wait * 1e6), "max") / 1e6
+        core_wait = None if on_gpu else waiting.share()  # a GPU computes on while its rank's thread waits
+    if not on_gpu:
+        core_wait = worst_wait(world.comm, core_wait)
     if recorder is None:
         return None
     record_resources(recorder, backend.kind, world.size, time.perf_counter() - held_from, end.training_s)
-    record_beside(recorder, span, core_wait if core_wait >= 0 else None)
+    record_beside(recorder, span, core_wait)
     if steps and job is None:  # on the CPU, after the timed batches: it would take their cores
         job = start_reference(cfg, layout, schedule, init, ds, steps)
     if allreduce.window_state is not None:  # known once fit has asked it for the gradient's buffer

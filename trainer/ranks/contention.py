@@ -25,6 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from trainer.ranks import parallel
 from trainer.ranks.processes import alive
 
 DIR_ENV = "SWEEPSCALE_TIMING_DIR"
@@ -120,6 +121,13 @@ class CoreWait:
         if self.waited is None or now is None:
             return None
         return (now - self.waited) / max(time.perf_counter() - self.t0, 1e-9)
+
+
+def worst_wait(comm: Any, share: float | None) -> float | None:
+    """The largest :meth:`CoreWait.share` of the ranks of ``comm`` (every rank calls it); None where
+    none could measure it."""
+    ppm = parallel.agree(comm, -1 if share is None else round(share * 1e6), "max")
+    return None if ppm < 0 else ppm / 1e6
 
 
 def run_delay_s() -> float | None:
