@@ -250,9 +250,8 @@ def train_on_rank(
             first_epoch = replace(schedule, epochs=1)
             fit(steps_on(scratch), xp, scratch, *train, first_epoch, world.rank, world.size, repeat_clock)
             repeat_ms.append(repeat_clock.medians()["batch"])
-        core_wait = None if on_gpu else waiting.share()  # a GPU computes on while its rank's thread waits
-    if not on_gpu:
-        core_wait = worst_wait(world.comm, core_wait)
+        waited = waiting.share()
+    core_wait = None if on_gpu else worst_wait(world.comm, waited)  # a GPU computes on while its rank's thread waits
     if recorder is None:
         return None
     record_resources(recorder, backend.kind, world.size, time.perf_counter() - held_from, end.training_s)
