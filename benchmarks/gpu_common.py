@@ -73,6 +73,7 @@ def our_step(
     overlap: bool = False,
     x_levels: int | None = PIXEL_LEVELS,
     prepared: bool = True,
+    graph: bool = False,
 ) -> Callable[[], None]:
     """One training step of ours on resident data (this rank's rows x, labels y), exactly as
     trainer/core/loop.py runs it; the gradient is normalised by the global batch (default: len(y)).
@@ -81,7 +82,8 @@ def our_step(
     the next, as in training); ``x_levels``: x is pixels (``inputs``), as the trainer promises
     (tf32x3 in two products; None: three); ``prepared``: X prepared for the GEMMs once, as the
     trainer does when its batches come in order (the default; else each step prepares its X, as
-    with data.shuffle=true)."""
+    with data.shuffle=true); ``graph``: its phases replayed as CUDA graphs (gpu.graph=auto; call it
+    under trainer/gpu/graphs.py compute_stream)."""
     import cupy as cp
 
     from trainer.core import model
@@ -93,7 +95,7 @@ def our_step(
     layout = model.Layout(D=D, H=H, C=C)
     params = cp.asarray(model.init_params(layout, 0, "float32"))
     gbuf = gradient_buffer(allreduce, cp, layout.size + 1, cp.float32)  # NCCL's window, if it has one
-    options = StepOptions(kind=kind, gemm=gemm, overlap=overlap, x_levels=x_levels)
+    options = StepOptions(kind=kind, gemm=gemm, overlap=overlap, x_levels=x_levels, graph=graph)
     step = make_step(options, cp, layout, params, gbuf, len(y), allreduce)
     loss = cp.zeros(1, dtype=cp.float32)
     schedule = Schedule(batch_size=global_batch or len(y), lr=LR, reg=REG, epochs=1)

@@ -1,8 +1,9 @@
-"""Data-parallel scaling of our fused step over 1, 2 and 4 GPUs of one host: NCCL overlapped
-with the step's compute (nccl-overlap: gpu.overlap=always, as the trainer sets NCCL up for it), NCCL
-after the backward pass (nccl), both with NCCL's symmetric window where the trainer takes it
-(gpu.nccl_window=auto) and never (-nowin), and the course's host-staged MPI all-reduce (mpi). H=2048
-(--hidden).
+"""Data-parallel scaling of our fused step over 1, 2 and 4 GPUs of one host: NCCL after the
+backward pass with the step's phases replayed as CUDA graphs (nccl-graph, the trainer's default:
+gpu.graph=auto; its one-GPU time is the graphed step's too), NCCL overlapped with the step's compute
+(nccl-overlap: gpu.overlap=always, as the trainer sets NCCL up for it), NCCL after the backward pass
+(nccl), both with NCCL's symmetric window where the trainer takes it (gpu.nccl_window=auto) and never
+(-nowin), and the course's host-staged MPI all-reduce (mpi). H=2048 (--hidden).
 
     python benchmarks/gpu_scaling.py              # launches mpiexec -n 1, 2, 4 itself
 
@@ -34,13 +35,14 @@ CASES = [
     ("strong", "FP32 3xBF16", 12800, "bf16x3"),
     ("strong", "TF32", 12800, "tf32"),
 ]
-# label: (comm, overlap, nccl_window)
+# label: (comm, overlap, nccl_window, graph)
 COMMS = {
-    "nccl-overlap": ("nccl", True, "auto"),
-    "nccl": ("nccl", False, "auto"),
-    "nccl-nowin-overlap": ("nccl", True, "never"),
-    "nccl-nowin": ("nccl", False, "never"),
-    "mpi": ("mpi", False, "never"),
+    "nccl-graph": ("nccl", False, "auto", True),
+    "nccl": ("nccl", False, "auto", False),
+    "nccl-overlap": ("nccl", True, "auto", False),
+    "nccl-nowin-overlap": ("nccl", True, "never", False),
+    "nccl-nowin": ("nccl", False, "never", False),
+    "mpi": ("mpi", False, "never", False),
 }
 
 
@@ -51,6 +53,7 @@ def worker(args: argparse.Namespace) -> None:
     from trainer.core import model
     from trainer.core.loop import local_rows
     from trainer.gpu.fused_step import FusedStep
+    from trainer.gpu.graphs import compute_stream
     from trainer.gpu.policy import sums_beside_gemm, window_wanted
     from trainer.ranks import parallel
 
@@ -66,11 +69,12 @@ def worker(args: argparse.Namespace) -> None:
     allreduce = parallel.make_allreduce(args.comm, world, True, gpus, cp, n, cp.float32, beside_gemm, window)
     if args.first_part:
         FusedStep.FIRST_PART = args.first_part
-    step = our_step(
-        "fused", args.hidden, cp.asarray(xh), cp.asarray(yh), allreduce if world.size > 1 else None, global_batch,
-        args.gemm, args.overlap,
-    )  # fmt: skip
-    ms, cpu_ms = time_ms(step), enqueue_ms(step)
+    with compute_stream():  # CUDA graphs capture no work on the legacy default stream
+        step = our_step(
+            "fused", args.hidden, cp.asarray(xh), cp.asarray(yh), allreduce if world.size > 1 else None, global_batch,
+            args.gemm, args.overlap, graph=args.graph,
+        )  # fmt: skip
+        ms, cpu_ms = time_ms(step), enqueue_ms(step)
     if world.rank == 0:
         window = getattr(allreduce, "window_state", "-")
         report({"ms": ms, "cpu_ms": cpu_ms, "comm": type(allreduce).__name__, "window": window})
@@ -82,9 +86,10 @@ def run(
     """ms per step on the GPU, and the CPU's ms to queue one step."""
     from gpu_common import launch_workers
 
-    comm, overlap, window = COMMS[comm]
+    comm, overlap, window, graph = COMMS[comm]
     args = ["--kind", kind, "--batch", str(batch), "--comm", comm, "--gemm", gemm, "--hidden", str(hidden)]
     args += ["--overlap"] if overlap else []
+    args += ["--graph"] if graph else []
     args += ["--window", window]
     args += ["--first-part", str(first_part)] if first_part else []
     result = launch_workers(__file__, nproc, args)
@@ -99,6 +104,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, help="the cases' batch (weak: per GPU; strong: global) instead of theirs")
     parser.add_argument("--comm", default="nccl")
     parser.add_argument("--overlap", action="store_true")
+    parser.add_argument("--graph", action="store_true", help="the step's phases as CUDA graphs (gpu.graph=auto)")
     parser.add_argument("--window", default="auto", help="nccl_window: auto, always or never")
     parser.add_argument("--gemm", default="sgemm")
     parser.add_argument("--first-part", type=float, help="overlap: the fraction of W1's rows summed first")
@@ -117,8 +123,9 @@ def main() -> None:
         if args.cases and f"{kind} {label}" not in args.cases:
             continue
         batch = args.batch or batch
-        base = run(1, kind, gemm, batch, "mpi", hidden=args.hidden)
+        bases = {g: run(1, kind, gemm, batch, "nccl-graph" if g else "mpi", hidden=args.hidden) for g in (False, True)}
         for comm in args.comms:
+            base = bases[COMMS[comm][3]]  # one GPU with or without graphs, as the comm's
             runs = [base] + [run(p, kind, gemm, batch, comm, args.first_part, args.hidden) for p in args.gpus[1:]]
             ratios = " ".join(f"{base[0] / t:6.2f}" for t, _ in runs[1:])
             cpu = " ".join(f"{c:6.3f}" for _, c in runs)

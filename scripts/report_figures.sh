@@ -4,8 +4,8 @@
 # study, each ending with its report; the figures are copied from the reports.
 #   bash scripts/report_figures.sh                          # full MNIST from ../shared/data/mnist
 #   PY=python3 DATA=.device/mnist NPROC=1,2 bash scripts/report_figures.sh   # on a 2-GPU machine
-# The scaling and batch studies skip the CPU reference check (their figures do not use it); the
-# scaling study times each point 3 times (perf.repeats) for its error bands.
+# The scaling and batch studies skip the CPU reference check (their figures do not use it); every
+# point's interval comes from the timing protocol's 3 repeats (perf.repeats, docs/reference.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
@@ -27,7 +27,7 @@ cp "$WORK/lr/convergence.png" "$FIG_DIR/lr_study_convergence.png"
 cp "$WORK/lr/finals.png" "$FIG_DIR/lr_study_finals.png"
 cp "$WORK/lr/weight_error.png" "$FIG_DIR/lr_study_weight_error.png"
 
-study scaling +experiment=scaling nproc="$NPROC" check.reference=false perf.repeats=3
+study scaling +experiment=scaling nproc="$NPROC" check.reference=false
 cp "$WORK/scaling/scaling_weak.png" "$FIG_DIR/scaling_weak.png"
 cp "$WORK/scaling/phases.png" "$FIG_DIR/scaling_phases.png"
 cp "$WORK/scaling/roofline.png" "$FIG_DIR/scaling_roofline.png"

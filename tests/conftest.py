@@ -15,6 +15,10 @@ from tests.browser import chromium_path, playwright_available
 from trainer import data, idx
 
 ROOT = Path(__file__).resolve().parents[1]
+# The timing protocol's floor off, for the tiny runs of tests about other things: their training's
+# batches past the warm-up are timed, and no extra steps after it (tests/test_trainer_runs.py and
+# tests/test_timing.py test the floor itself).
+NO_TIMING_FLOOR = ["perf.min_batches=1", "perf.min_seconds=0"]
 MPIEXEC = shutil.which("mpiexec", path=os.path.dirname(sys.executable)) or shutil.which("mpiexec")
 
 

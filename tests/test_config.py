@@ -218,6 +218,11 @@ def test_the_config_hash_is_the_recorded_one():
         "mlflow.experiment=other",
         "mpi.mpiexec=/usr/bin/mpiexec",
         "paths.mnist=/elsewhere",
+        "perf.repeats=5",  # the timing protocol's: how the timed batches are cut, never the weights
+        "perf.warmup=5",
+        "perf.min_batches=50",
+        "perf.min_seconds=1",
+        "gpu.graph=never",  # the same kernels, launched one by one
     ],
 )
 def test_a_key_that_does_not_change_results_keeps_the_hash(override):

@@ -19,20 +19,23 @@ from trainer.ranks.contention import TimedSpan
 HOLD = """
 import json, sys, time
 from trainer.ranks.contention import TimedSpan
-with TimedSpan(sys.argv[1], sys.argv[2] == "exclusive", "1 rank(s) on cpu", say=lambda m: print(m, flush=True)) as s:
+gpus = sys.argv[4].split(",") if len(sys.argv) > 4 else None  # a GPU run's GPUs; none: CPU ranks
+units = f"1 rank(s) on gpu {sys.argv[4]}" if gpus else "1 rank(s) on cpu"
+with TimedSpan(sys.argv[1], sys.argv[2] == "exclusive", units, say=lambda m: print(m, flush=True), gpus=gpus) as s:
     print("timing", flush=True)
     if sys.argv[3] == "stdin":
         sys.stdin.readline()  # until the test says
     else:
         time.sleep(float(sys.argv[3]))
-print(json.dumps({"beside": s.beside, "waited_s": s.waited_s, "start": s.start, "end": s.end}), flush=True)
+print(json.dumps({"beside": s.beside, "alongside": s.alongside, "waited_s": s.waited_s, "start": s.start,
+                  "end": s.end}), flush=True)
 """
 
 
-def hold(name: str, timing: str, seconds: float | str) -> subprocess.Popen:
-    """A process timing for ``seconds`` (or until a line on its stdin: "stdin"); returns once its
-    span has begun (or it waits for the host)."""
-    cmd = [sys.executable, "-c", HOLD, name, timing, str(seconds)]
+def hold(name: str, timing: str, seconds: float | str, gpus: str | None = None) -> subprocess.Popen:
+    """A process timing for ``seconds`` (or until a line on its stdin: "stdin"), on ``gpus`` ("0,1")
+    or on the CPU; returns once its span has begun (or it waits for the host)."""
+    cmd = [sys.executable, "-c", HOLD, name, timing, str(seconds), *([gpus] if gpus else [])]
     proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     proc.stdout.readline()  # "timing", or "waiting for this host: ..."
     return proc
@@ -60,6 +63,19 @@ def test_shared_spans_that_overlap_name_each_other():
     assert first["waited_s"] < 0.5 and second["waited_s"] < 0.5  # shared: nobody waits
     later = hold("c", "shared", 0)
     assert ended(later)["beside"] == []  # a and b ended before c began
+
+
+def test_gpu_runs_on_other_gpus_are_alongside_not_beside():
+    """Runs on disjoint GPUs time apart (measured: docs/benchmarks.md); a shared GPU, or CPU ranks on
+    the host's cores, are company."""
+    a, b, c = hold("a", "shared", "stdin", "0"), hold("b", "shared", "stdin", "1,2"), hold("c", "shared", "stdin", "2")
+    cpu = hold("cpu", "shared", "stdin")
+    first, second, third, plain = ended(a), ended(b), ended(c), ended(cpu)
+    assert first["alongside"] == ["b (1 rank(s) on gpu 1,2)", "c (1 rank(s) on gpu 2)"]
+    assert first["beside"] == ["cpu (1 rank(s) on cpu)"]
+    assert second["beside"] == ["c (1 rank(s) on gpu 2)", "cpu (1 rank(s) on cpu)"]
+    assert third["beside"] == ["b (1 rank(s) on gpu 1,2)", "cpu (1 rank(s) on cpu)"]
+    assert len(plain["beside"]) == 3 and plain["alongside"] == []
 
 
 def test_an_exclusive_span_waits_for_the_host_and_has_nothing_beside():

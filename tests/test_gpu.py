@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import gpu_available
-from tests.test_trainer_runs import COMMON, only_run, trainer
+from tests.test_trainer_runs import COMMON, final_weights, only_run, trainer
 from trainer import data, metrics, step
 from trainer.config import Device
 from trainer.core import model
@@ -323,3 +323,47 @@ def test_nccl_allreduce_matches_reference(
     assert run.data.tags["sweepscale.gemm_products"] == str(products)
     assert run.data.metrics[metrics.weight_error("max")] < tol
     assert (metrics.ALLREDUCE_GBPS in run.data.metrics) != overlapped  # overlapped, the phase is a wait
+
+
+@pytest.mark.gpu
+@pytest.mark.mpi
+def test_captured_step_matches_the_eager_step_after_20_steps_on_2_ranks(mlflow_uri, tmp_path):
+    """gpu.graph=auto replays the fused step's phases as CUDA graphs from the second epoch on (4 batches
+    an epoch, 5 epochs: 20 steps, 16 of them replayed): its weights are the eager step's (gpu.graph=never)
+    within the float32 check's tolerance, and both pass the CPU check after all 20 steps."""
+    if gpu_count() < 2:
+        pytest.skip("NCCL needs a GPU per rank: this machine has fewer than 2 GPUs")
+    common = ["device=gpu", "nproc=2", "hidden=256", "data.n_train=800", "batch_size=200", "epochs=5"]
+    common += ["save.weights=true", "check.steps=all", "data.scale=unit", "model.init=fan_in"]  # as COMMON: tame
+    runs = {}
+    for graph in ("auto", "never"):
+        result = trainer([*common, f"gpu.graph={graph}", f"mlflow.experiment=g{graph}"], tmp_path)
+        assert result.returncode == 0, result.stderr
+        runs[graph] = only_run(mlflow_uri, f"g{graph}")
+    (client, graphed), (_, eager) = runs["auto"], runs["never"]
+    assert graphed.data.tags["sweepscale.graph"] == "true" and eager.data.tags["sweepscale.graph"] == "false"
+    assert int(graphed.data.tags[metrics.TAG_GRAPHS]) == 4 + 4 + 1 + 4  # forward, backward, update a batch; one sum
+    w_graph, w_eager = final_weights(client, graphed), final_weights(client, eager)
+    assert np.linalg.norm(w_graph - w_eager) / np.linalg.norm(w_eager) < 1e-5
+    for run in (graphed, eager):
+        assert run.data.metrics[metrics.weight_error("max")] < 1e-4
+
+
+@pytest.mark.gpu
+@pytest.mark.mpi
+def test_the_phases_sum_and_skew_add_up_to_the_measured_batch(mlflow_uri, tmp_path):
+    """On 2 GPUs the all-reduce phase splits into the sum itself and rank 0's wait for the slowest
+    rank: the phases with them add up to the batch's time (medians of steady batches, within 15%)."""
+    if gpu_count() < 2:
+        pytest.skip("NCCL needs a GPU per rank: this machine has fewer than 2 GPUs")
+    args = ["device=gpu", "nproc=2", "hidden=1024", "data.n_train=2000", "batch_size=400", "epochs=40"]
+    result = trainer([*args, "check.reference=false"], tmp_path)
+    assert result.returncode == 0, result.stderr
+    _, run = only_run(mlflow_uri)
+    m = run.data.metrics
+    parts = ("h2d", "forward", "backward", "sum", "wait", "update")
+    added, batch = sum(m[metrics.phase_time(p)] for p in parts), m[metrics.phase_time("batch")]
+    assert abs(added - batch) <= 0.15 * batch, {p: m[metrics.phase_time(p)] for p in (*parts, "batch")}
+    assert m[metrics.phase_time("skew")] >= m[metrics.phase_time("wait")] - 1e-9
+    assert m[metrics.phase_time("queue")] > 0  # the CPU's time to queue a batch
+    assert m[metrics.TIMED_BATCHES] >= 3 * 10

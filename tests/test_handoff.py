@@ -171,7 +171,9 @@ def test_a_sweep_whose_workers_never_load_mlflow_records_every_run(tmp_path, mlf
     """The workers' MLflow import held until the sweep has ended: every run is handed off and the
     sweeper records it whole; the same runs as a sweep whose workers record them themselves."""
     env, release = held_mlflow(tmp_path, "trainer/worker.py")
-    args = ["hidden=16,24", "nproc=1,2", *FAST, "launcher.cpus=2"]
+    # Unit pixels and fan-in weights: 8 steps agree with the CPU to float32 rounding at every nproc (the
+    # course's byte pixels amplify the ranks' rounding: 0.31 at hidden=24, nproc=2, standalone too).
+    args = ["hidden=16,24", "nproc=1,2", *FAST, "launcher.cpus=2", "data.scale=unit", "model.init=fan_in"]
     held = sweep(args, tmp_path, env=env)
     release.touch()
     assert held.returncode == 0, held.stdout + held.stderr
@@ -181,7 +183,7 @@ def test_a_sweep_whose_workers_never_load_mlflow_records_every_run(tmp_path, mlf
     assert len({r.data.tags[metrics.TAG_WORKER] for r in kids.values()}) == 2  # one a shape, MLflow never loaded
     for r in kids.values():
         assert journal.HANDOFF_TAG in r.data.tags and r.data.tags[metrics.TAG_CHECK] == "done"
-        assert r.data.metrics[metrics.weight_error("max")] < (1e-4 if r.data.params["nproc"] == "1" else 0.1)
+        assert r.data.metrics[metrics.weight_error("max")] < 1e-4  # its own check: another run's would be far off
     dones = list(tmp_path.glob(f"multirun/*/*/*/{journal.DONE}"))
     assert len(dones) == 4 and not list(tmp_path.glob(f"multirun/*/*/*/{journal.FILE}"))
     assert {(d.parent / journal.RUN).read_text() for d in dones} == {r.info.run_id for r in kids.values()}

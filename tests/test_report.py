@@ -15,12 +15,13 @@ from pathlib import Path
 import pytest
 
 from tests.browser import is_blank, page_text, render
+from tests.conftest import NO_TIMING_FLOOR
 from tests.test_sweeper import children_of, parents, sweep
 from trainer import metrics
 from trainer.record import store
 
 pytestmark = pytest.mark.mpi
-TINY = ["epochs=2", "data.n_train=200", "data.n_test=50", "hidden=16"]
+TINY = ["epochs=2", "data.n_train=200", "data.n_test=50", "hidden=16", *NO_TIMING_FLOOR]
 
 
 def read_csv(path: Path, key: str = "point") -> dict[str, dict[str, str]]:
@@ -115,7 +116,7 @@ def test_report_is_attached_to_the_parent_run(study_sweep):
     assert {"report.html", "points.csv", "summary.md", "convergence.png", "roofline.png"} <= attached
     assert parent.info.run_name == (  # what it varies, then what sets it apart from another such sweep
         "sweep nproc x batch_size x lr · epochs=2 · data.n_train=200 · data.n_test=50 · hidden=16"
-        " · data embedded digits"
+        " · perf.min_batches=1 · perf.min_seconds=0 · data embedded digits"
     )
     note = parent.data.tags["mlflow.note.content"]
     assert "| point | status |" in note

@@ -67,7 +67,11 @@ def test_a_recorded_study_reports_speedups_it_can_trust(tmp_path):
         findings[1] == "- Diverged: lr=0.8, nproc=1 (loss is NaN at step 2); lr=0.8, nproc=2 (loss is NaN at step 2)."
     )
     assert "nproc did not change the result" in summary
-    assert "Strong scaling, batch_size=64 (repeats over lr): speedup 1.67x at nproc=2 (83% efficiency" in summary
+    # The interval: from the slowest of the pooled repeats (6.2 ms) to the fastest (5.8 ms) against 10 ms.
+    assert (
+        "Strong scaling, batch_size=64 (repeats over lr): speedup 1.67x (1.61-1.72x) at nproc=2 (83% efficiency, "
+        "81%-86%, against nproc=1)" in summary
+    )
     html = (tmp_path / "r" / "report.html").read_text()
     assert html.index("Findings") < html.index("<h2>Figures</h2>") < html.index('id="points"')
     # Figures with nothing to show are left out, each with its reason in a line.

@@ -15,12 +15,12 @@ import pytest
 from hydra import compose as hydra_compose
 from hydra import initialize_config_dir
 
-from tests.conftest import ROOT
+from tests.conftest import NO_TIMING_FLOOR, ROOT
 from trainer import metrics
 from trainer.record import store
 
 pytestmark = pytest.mark.mpi
-FAST = ["epochs=2", "batch_size=50", "data.n_train=200", "data.n_test=50"]
+FAST = ["epochs=2", "batch_size=50", "data.n_train=200", "data.n_test=50", *NO_TIMING_FLOOR]
 
 
 def sweep(args: list[str], cwd: Path, timeout: float = 240, env: dict | None = None) -> subprocess.CompletedProcess:

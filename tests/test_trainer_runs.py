@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import MPIEXEC, ROOT, compose
+from tests.conftest import MPIEXEC, NO_TIMING_FLOOR, ROOT, compose
 from trainer import data, metrics
 from trainer.core import model
 from trainer.core.generic_step import generic
@@ -55,6 +55,7 @@ def final_weights(client, run) -> np.ndarray:
 COMMON = [
     *("dtype=float64", "batch_size=7", "data.n_train=57", "epochs=2", "lr=0.3", "hidden=16", "save.weights=true"),
     *("model.init=fan_in", "data.scale=unit", "check.steps=all"),
+    *NO_TIMING_FLOOR,
 ]
 
 
@@ -109,7 +110,11 @@ def test_run_lands_with_every_metric(idx_dir, mlflow_uri, tmp_path):
     assert m[metrics.BYTES_PCI] == 0
     assert m[metrics.BYTES_MPI] == 2 * (16 * 784 + 16 + 10 * 16 + 10) * 8
     assert m[metrics.ARITHMETIC_INTENSITY] == pytest.approx((4 * 4 * 16 * 784 + 6 * 4 * 16 * 10) / (2 * 12730 * 8))
-    assert m[metrics.BATCH_MS_REPEAT] == m[metrics.phase_time("batch")]  # repeats=1: the run's own, at step 0
+    repeats = sorted((x.step, x.value) for x in client.get_metric_history(run.info.run_id, metrics.BATCH_MS_REPEAT))
+    assert [step for step, _ in repeats] == [0, 1, 2]  # perf.repeats=3: the point's time is their median
+    assert m[metrics.phase_time("batch")] == sorted(v for _, v in repeats)[1]
+    assert (m[metrics.BATCH_MS_LO], m[metrics.BATCH_MS_HI]) == (min(v for _, v in repeats), max(v for _, v in repeats))
+    assert 0 <= m[metrics.phase_time("wait")] <= m[metrics.phase_time("skew")] + 1e-9  # 2 ranks: the sum split
     assert metrics.UTILIZATION not in m  # a CPU has no datasheet peak
     assert run.data.tags["sweepscale.world_size"] == "2"
     assert m[metrics.FLOPS_PER_BATCH] == 4 * 7 * 16 * 784 + 6 * 7 * 16 * 10
@@ -119,7 +124,7 @@ def test_run_lands_with_every_metric(idx_dir, mlflow_uri, tmp_path):
     assert [x.step for x in client.get_metric_history(run.info.run_id, metrics.TEST_PRECISION)] == [1, 2]
     p = run.data.params
     assert p["hidden"] == "16" and p["data.dir"] == str(idx_dir) and p["dtype"] == "float64"
-    assert p["perf.repeats"] == "1"
+    assert p["perf.repeats"] == "3"
     assert not [k for k in p if k.startswith("mlflow.")]  # where the run is recorded is no param
     tags = run.data.tags
     assert tags[metrics.TAG_VERSION] == importlib.metadata.version("sweepscale")
@@ -221,37 +226,43 @@ def test_gpu_only_choices_on_the_cpu_are_clear_errors(override, key, tmp_path, m
     assert f"{override} needs a GPU and none is used here; set {key}=auto" in result.stderr
 
 
-def test_timing_repeats_leave_the_training_untouched(idx_dir, mlflow_uri, tmp_path):
-    """perf.repeats=3 times the first epoch twice more after training, on scratch weights, on both
-    ranks: the same weights, losses and reference check as without, and one median per repeat."""
+def test_a_run_shorter_than_the_floor_times_extra_steps_and_keeps_its_weights(idx_dir, mlflow_uri, tmp_path):
+    """COMMON trains 2 epochs of 9 batches; the first is warm-up, left out. With a floor of 3 repeats
+    of 12 batches, both ranks time extra steps after training, on a scratch copy of the weights: the
+    same weights, losses and reference check as a run whose 9 timed batches met its floor."""
     runs = {}
-    for repeats in (1, 3):
-        args = [*COMMON, "nproc=2", f"data.dir={idx_dir}", f"perf.repeats={repeats}", f"mlflow.experiment=r{repeats}"]
+    for name, floor in {"short": "perf.min_batches=12", "met": "perf.min_batches=3"}.items():
+        args = [*COMMON, "nproc=2", f"data.dir={idx_dir}", "perf.min_seconds=0", floor, f"mlflow.experiment={name}"]
         result = trainer(args, tmp_path)
         assert result.returncode == 0, result.stderr
-        runs[repeats] = only_run(mlflow_uri, f"r{repeats}")
-    (client, once), (_, thrice) = runs[1], runs[3]
-    np.testing.assert_array_equal(final_weights(client, thrice), final_weights(client, once))
+        runs[name] = only_run(mlflow_uri, name)
+    (client, short), (_, met) = runs["short"], runs["met"]
 
     def history(run, key):
         return [
             (x.step, x.value) for x in sorted(client.get_metric_history(run.info.run_id, key), key=lambda x: x.step)
         ]
 
-    assert history(thrice, metrics.TRAIN_LOSS) == history(once, metrics.TRAIN_LOSS)
-    assert history(thrice, metrics.TEST_PRECISION) == history(once, metrics.TEST_PRECISION)
-    assert thrice.data.metrics[metrics.weight_error("max")] == once.data.metrics[metrics.weight_error("max")]
-    repeats = history(thrice, metrics.BATCH_MS_REPEAT)
-    assert [step for step, _ in repeats] == [0, 1, 2]
-    assert repeats[0][1] == thrice.data.metrics[metrics.phase_time("batch")]
-    assert all(ms > 0 for _, ms in repeats)
-    assert [step for step, _ in history(once, metrics.BATCH_MS_REPEAT)] == [0]
+    m = short.data.metrics
+    assert m[metrics.TIMED_BATCHES] == m[metrics.EXTRA_STEPS] >= 3 * 12  # the pass's batches, past its own warm-up
+    repeats = history(short, metrics.BATCH_MS_REPEAT)
+    assert [step for step, _ in repeats] == [0, 1, 2] and all(ms > 0 for _, ms in repeats)
+    assert m[metrics.BATCH_MS_LO] == min(ms for _, ms in repeats) <= m[metrics.phase_time("batch")]
+    assert m[metrics.phase_time("batch")] <= m[metrics.BATCH_MS_HI] == max(ms for _, ms in repeats)
+    # Two ranks: the all-reduce split into the sum itself and the waits for the slowest rank.
+    assert 0 <= m[metrics.phase_time("wait")] <= m[metrics.phase_time("allreduce")] + 1e-9
+    assert m[metrics.phase_time("skew")] >= 0 and m[metrics.phase_time("sum")] >= 0
+    # Training met the floor: its second epoch's batches, and no extra step.
+    assert (met.data.metrics[metrics.TIMED_BATCHES], met.data.metrics[metrics.EXTRA_STEPS]) == (9, 0)
+    np.testing.assert_array_equal(final_weights(client, short), final_weights(client, met))
+    assert history(short, metrics.TRAIN_LOSS) == history(met, metrics.TRAIN_LOSS)
+    assert short.data.metrics[metrics.weight_error("max")] == met.data.metrics[metrics.weight_error("max")]
 
 
 def test_repeats_below_one_are_refused(tmp_path, mlflow_uri):
     result = trainer(["perf.repeats=0", "epochs=1"], tmp_path)
     assert result.returncode == 2
-    assert "perf.repeats=0: the batches are timed at least once" in result.stderr
+    assert "perf.repeats=0: the batches are timed in at least one repeat" in result.stderr
 
 
 def performance_run(mlflow_uri: str, overrides: list[str], device_name: str, batch_ms: float):

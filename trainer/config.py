@@ -51,6 +51,11 @@ class Overlap(str, Enum):
     never = "never"  # all-reduce after the backward pass
 
 
+class Graph(str, Enum):
+    auto = "auto"  # the fused step's phases as CUDA graphs wherever its operands stay put (trainer/gpu/policy.py)
+    never = "never"  # every launch from Python, each step (the eager step)
+
+
 class NcclWindow(str, Enum):
     auto = "auto"  # where it was measured to pay: all but sums beside SGEMMs (trainer/gpu/policy.py)
     always = "always"  # NCCL 2.27+: the gradient in a symmetric memory window, summed by NCCL's symmetric kernels
@@ -157,9 +162,14 @@ class PerfConfig:
     # Peak model TFLOP/s per device for perf/utilization. None: the datasheet peak of the detected
     # GPU for the arithmetic the run's GEMMs use (trainer/core/flops.py peak_tflops).
     peak_tflops: float | None = MISSING
-    # Times the first epoch's batches are timed: 1 = the training run alone; k > 1 times them k - 1
-    # more times after training, on a scratch copy of the initial weights (time/batch_ms_repeat).
+    # The timing protocol (trainer/core/timing.py): the first epoch's batches (at least ``warmup``) are
+    # left out; the rest are cut into ``repeats`` runs of at least ``min_batches`` batches and
+    # ``min_seconds`` each, their medians giving the point's median and interval. A run too short
+    # for that times extra steps on a scratch copy of its weights after training.
     repeats: int = MISSING
+    warmup: int = MISSING
+    min_batches: int = MISSING
+    min_seconds: float = MISSING
     # shared, or exclusive: no other run's timed batches on this host meanwhile (a scaling study's).
     timing: Timing = MISSING
 
@@ -189,6 +199,7 @@ class GpuConfig:
     overlap: Overlap = MISSING  # fused step with NCCL: all-reduce behind the step's compute
     nccl_window: NcclWindow = MISSING  # NCCL 2.27+: the gradient in a symmetric memory window
     profile: bool = MISSING  # NVTX ranges per phase, for Nsight Systems
+    graph: Graph = MISSING  # auto | never: the fused step's phases replayed as CUDA graphs
 
 
 @dataclass
@@ -282,8 +293,14 @@ def validate(cfg: TrainerConfig) -> None:
         ),
         (
             cfg.perf.repeats >= 1,
-            f"perf.repeats={cfg.perf.repeats}: the batches are timed at least once (1 = the training run "
-            "alone, k > 1 adds k - 1 timing repeats of the first epoch); set perf.repeats=1 or more",
+            f"perf.repeats={cfg.perf.repeats}: the batches are timed in at least one repeat (3 give an "
+            "interval); set perf.repeats=1 or more",
+        ),
+        (
+            cfg.perf.warmup >= 0 and cfg.perf.min_batches >= 1 and cfg.perf.min_seconds >= 0,
+            f"perf.warmup={cfg.perf.warmup}, perf.min_batches={cfg.perf.min_batches}, perf.min_seconds="
+            f"{cfg.perf.min_seconds}: warm-up batches and seconds cannot be negative and a repeat times at "
+            "least one batch; set e.g. perf.warmup=2 perf.min_batches=10 perf.min_seconds=0.05",
         ),
     ]
     for ok, message in checks:

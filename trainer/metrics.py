@@ -27,9 +27,19 @@ ALLREDUCE_BYTES = "model/allreduce_bytes"
 BYTES_PCI = "model/bytes_pci"
 BYTES_MPI = "model/bytes_mpi"
 ARITHMETIC_INTENSITY = "model/arithmetic_intensity"
-# Step = repeat r: the median batch time of the training run (r = 0) and of each timing repeat
-# of its first epoch (r = 1 .. perf.repeats - 1).
+# The timing protocol (trainer/core/timing.py). Step = repeat r: each repeat's median batch time;
+# the interval is their range; the batches timed, and of them the steps timed after training on a
+# scratch copy of the weights (a run too short for the floor).
 BATCH_MS_REPEAT = "time/batch_ms_repeat"
+BATCH_MS_LO = "time/batch_ms_lo"
+BATCH_MS_HI = "time/batch_ms_hi"
+TIMED_BATCHES = "timing/batches"
+EXTRA_STEPS = "timing/extra_steps"
+# time/<phase>_ms beside the loop's phases: the all-reduce split (several ranks) into the sum itself,
+# rank 0's wait for the slowest rank and the skew (the largest wait of any rank); on the GPU the CPU's
+# time to queue a batch (near the batch's, the step is bound by its launches).
+SPLIT_PHASES = ("sum", "wait", "skew")
+QUEUE = "queue"
 QUANTILES = {"q1": 0.25, "q3": 0.75}  # phase_quantile's names and their quantiles
 
 
@@ -88,11 +98,13 @@ TIME_TO_FIRST_BATCH = "time/to_first_batch_s"
 # which ("name (GPUs)"), the seconds waited for the host, and perf.timing (shared | exclusive).
 BESIDE = "timing/beside"
 TAG_BESIDE = "sweepscale.beside"
+TAG_ALONGSIDE = "sweepscale.alongside"  # GPU runs timed meanwhile on other GPUs of the host: not counted beside
 HOST_WAIT_S = "timing/host_wait_s"
 # The largest share of the timed batches' wall time any rank spent runnable but waiting for a core (Linux's
 # schedstat run delay): other processes on its cores (the sweeper's own start-up, other workers) slowed it.
 CORE_WAIT = "timing/core_wait"
 TAG_TIMING_POLICY = "sweepscale.timing_policy"
+TAG_GRAPHS = "sweepscale.graphs_captured"  # gpu.graph: the CUDA graphs the training replayed (one a phase and batch)
 
 
 def phase_time(phase: str) -> str:

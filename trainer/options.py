@@ -39,6 +39,7 @@ class StepOptions:
     beside_gemm: bool = False  # NCCL's sums run beside the step's GEMMs (fewer blocks for NCCL)
     nccl_window: bool = False  # NCCL sums the gradient in a symmetric memory window
     profile: bool = False  # NVTX ranges per phase
+    graph: bool = False  # the fused step's phases replayed as CUDA graphs (trainer/gpu/graphs.py)
 
     @property
     def products(self) -> int:
@@ -60,5 +61,6 @@ class StepOptions:
                 "sweepscale.gemm": self.gemm,
                 "sweepscale.gemm_products": str(self.products),
                 "sweepscale.overlap": str(overlapped).lower(),
+                "sweepscale.graph": str(self.graph).lower(),
             }
         return tags

@@ -22,14 +22,17 @@ from trainer.config import Timing, validate
 from trainer.core import reference
 from trainer.core.clock import PhaseClock, process_start
 from trainer.core.loop import STEP_PHASES, Schedule, Snapshot, fit
+from trainer.core.timing import Protocol
 from trainer.errors import ConfigError
 from trainer.gpu import policy
+from trainer.gpu.graphs import compute_stream
 from trainer.lifecycle import faults, launch, reference_jobs, requeue
 from trainer.lifecycle.check import PendingCheck, first_weights, steps_checked
 from trainer.lifecycle.check import start as start_reference
 from trainer.lifecycle.epoch_end import EpochEnd
 from trainer.lifecycle.progress import StopRequested
 from trainer.lifecycle.requeue import TimeLimitReached
+from trainer.lifecycle.timing_pass import measure_run
 from trainer.options import StepOptions
 from trainer.ranks import parallel, sigterm
 from trainer.ranks.backend import Backend, gpu_count, pinned, select
@@ -232,24 +235,27 @@ def train_on_rank(
     def steps_on(weights: Any) -> Any:  # the step a fit of these weights takes
         return step.build(options, xp, layout, weights, schedule.batch_size, world.size, allreduce)
 
+    def time_epochs(epochs: int) -> PhaseClock:  # the timing pass: steps on a scratch copy, the run's weights kept
+        timed, scratch = PhaseClock(STEP_PHASES, gpu=on_gpu), params.copy()
+        fit(steps_on(scratch), xp, scratch, *train, replace(schedule, epochs=epochs), world.rank, world.size, timed)
+        return timed
+
     exclusive, name = cfg.perf.timing == Timing.exclusive, cfg.mlflow.run_name
     span = contextlib.nullcontext() if recorder is None else for_run(name, exclusive, world.size, backend.kind)
-    with span:  # the batches timed: the host's lock held, what else ran meanwhile noted
+    stream = compute_stream() if options.graph else contextlib.nullcontext()  # CUDA captures no legacy-stream work
+    with span, stream:  # the batches timed: the host's lock held, what else ran meanwhile noted
         parallel.wait_for_all(world.comm)  # every rank starts its clock once rank 0 has the host
         waiting = CoreWait()  # and what else ran on its cores
+        training_step = steps_on(params)
         fit(
-            steps_on(params),
+            training_step,
             *(xp, params, *train, schedule, world.rank, world.size, clock, end),
             before_step=faults.hook(cfg.fault, world.rank),
             start_epoch=1 if ckpt is None else ckpt.epoch + 1,
             snapshot=snapshot,
         )
-        repeat_ms = [clock.medians()["batch"]]  # perf.repeats: r = 0 is the training run's own median
-        for _ in range(cfg.perf.repeats - 1):  # the first epoch again, on a scratch copy of the initial weights
-            repeat_clock, scratch = PhaseClock(STEP_PHASES, gpu=on_gpu), xp.array(init)
-            first_epoch = replace(schedule, epochs=1)
-            fit(steps_on(scratch), xp, scratch, *train, first_epoch, world.rank, world.size, repeat_clock)
-            repeat_ms.append(repeat_clock.medians()["batch"])
+        batches = -(-len(ds.y_train) // schedule.batch_size)
+        measured = measure_run(clock, protocol_of(cfg), batches, world.comm, time_epochs)
         waited = waiting.share()
     core_wait = None if on_gpu else worst_wait(world.comm, waited)  # a GPU computes on while its rank's thread waits
     if recorder is None:
@@ -258,17 +264,23 @@ def train_on_rank(
     record_beside(recorder, span, core_wait)
     if steps and job is None:  # on the CPU, after the timed batches: it would take their cores
         job = start_reference(cfg, layout, schedule, init, ds, steps)
+    if options.graph:  # the phases the training replayed as CUDA graphs (none: a run of one epoch)
+        recorder.set_tags({metrics.TAG_GRAPHS: str(training_step.captured)})
     if allreduce.window_state is not None:  # known once fit has asked it for the gradient's buffer
         recorder.set_tags({"sweepscale.nccl_window": allreduce.window_state})
-    quartiles = {which: clock.quantiles(q) for which, q in metrics.QUANTILES.items()}
-    perf = (recorder, cfg, layout, backend, clock.medians(), world.size, overlap)
-    record_performance(
-        *perf, options=options, comm=allreduce.via, n_train=len(ds.y_train), quartiles=quartiles, repeat_ms=repeat_ms
-    )
+    phase_ms = {**measured.phases, "batch": measured.batch_ms}
+    perf = (recorder, cfg, layout, backend, phase_ms, world.size, overlap)
+    record_performance(*perf, options=options, comm=allreduce.via, n_train=len(ds.y_train), measured=measured)
     final = backend.to_host(params)
-    finish_run(cfg, recorder, layout, init, final, end.last, clock.medians()["batch"], world.size, backend, job)
+    finish_run(cfg, recorder, layout, init, final, end.last, measured.batch_ms, world.size, backend, job)
     checked = final if snapshot is None else end.snapshot_on_host()
     return PendingCheck(job, on_gpu, recorder, layout, checked, steps)
+
+
+def protocol_of(cfg: DictConfig) -> Protocol:
+    """The run's timing protocol (perf.*, trainer/core/timing.py)."""
+    p = cfg.perf
+    return Protocol(p.repeats, p.warmup, p.min_batches, p.min_seconds)
 
 
 def placed(cfg: DictConfig, ds: data_mod.Dataset, backend: Backend) -> tuple[tuple[Any, Any], tuple[Any, Any]]:

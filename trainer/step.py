@@ -30,8 +30,9 @@ def make_step(
 ) -> Any:
     """``options.kind``: generic, fused, or auto (fused with CuPy, generic with NumPy); the fused
     step takes ``options.gemm`` (how its float32 GEMMs run; float64 ignores it), ``options.overlap``
-    (hide an NCCL all-reduce behind its compute) and ``options.x_levels`` (the caller's promise that
-    every input is k / x_levels with k an integer, trainer/data.py's pixels; None promises nothing).
+    (hide an NCCL all-reduce behind its compute), ``options.graph`` (its phases as CUDA graphs)
+    and ``options.x_levels`` (the caller's promise that every input is k / x_levels with k an
+    integer, trainer/data.py's pixels; None promises nothing).
     ``allreduce`` sums the gradient buffer over the ranks (None: one rank)."""
     kind = options.kind
     if kind == "fused" or (kind == "auto" and xp is not np):
@@ -39,7 +40,12 @@ def make_step(
             raise ValueError("gpu.step=fused needs the GPU (CuPy); use gpu.step=generic or auto on the CPU")
         from trainer.gpu.fused_step import FusedStep
 
-        return FusedStep(layout, params, gbuf, max_rows, options, allreduce)
+        fused = FusedStep(layout, params, gbuf, max_rows, options, allreduce)
+        if options.graph:  # its phases replayed as CUDA graphs, once each batch has run once
+            from trainer.gpu.graphs import GraphedStep
+
+            return GraphedStep(fused)
+        return fused
     return GenericStep(layout, params, gbuf, allreduce)
 
 

@@ -7,8 +7,11 @@
 - Batch-size studies: at least three points that differ only in batch_size.
 - Each nproc's time per batch is the median over its repeats timed with no other run beside them
   and no other process on their cores (trainer/ranks/contention.py); where every repeat had company
-  it is used, marked contended, and the family's flags say so. An efficiency above 1 is flagged
-  with its likely cause.
+  it is used, marked contended, and the family's flags say so.
+- Each time carries its interval (the range of its repeats' medians: trainer/core/timing.py), and so
+  does every speedup and efficiency made of it. A speedup whose interval holds 1, or an efficiency
+  above 1 whose interval holds 1, is within the timing noise and the flags say so; an efficiency
+  above 1 beyond it is put down only to what the phases measured, never to a cause nobody measured.
 """
 
 from __future__ import annotations
@@ -24,9 +27,11 @@ from trainer import metrics
 
 # Config keys that change no batch's work: points differing only in them time the same batches.
 TIMING_NEUTRAL = ("lr", "reg", "seed", "epochs", "data.shuffle", "model.init", "data.scale", "perf.", "check.", "save.")
-SUPERLINEAR = 1.05  # an efficiency above this is flagged: beyond what timing noise explains in a healthy study
+SUPERLINEAR = 1.05  # an efficiency above this is flagged: within its timing noise, or what the phases measured
 CORE_WAIT = 0.05  # a point whose ranks waited for a core this share of their timed batches was slowed by it
 BESIDE_RUNS, ON_CORES = "other runs beside it", "other processes on its cores"  # what shared a point's timings
+COMPUTE_PHASES = ("h2d", "forward", "backward", "update")  # a rank's own work: the all-reduce is the others'
+PHASES = (*metrics.PHASES, *metrics.SPLIT_PHASES, metrics.QUEUE)  # what a row keeps of its points' phases
 
 
 def neutral(key: str) -> bool:
@@ -122,6 +127,28 @@ class Scaling:
     contended: int = 0  # how many of them were timed beside other runs, or on shared cores
     trusted: bool = True  # the time comes from repeats with nothing beside them
     company: str = ""  # what shared the timings where none had its host to itself, in words
+    lo: float = math.nan  # the time's interval, ms a batch (the range of its repeats' medians)
+    hi: float = math.nan
+    speedup_lo: float = math.nan  # the speedup's and the efficiency's intervals, from both times' intervals
+    speedup_hi: float = math.nan
+
+    @property
+    def efficiency_lo(self) -> float:
+        return self.speedup_lo / self.ideal
+
+    @property
+    def efficiency_hi(self) -> float:
+        return self.speedup_hi / self.ideal
+
+    @property
+    def compute_ms(self) -> float:
+        """Each rank's own work a batch: the phases but the sum and the wait for the others."""
+        return sum(self.phases.get(p, 0.0) for p in COMPUTE_PHASES)
+
+    @property
+    def sum_ms(self) -> float:
+        """The sum itself (several ranks: the all-reduce less the wait for the slowest rank)."""
+        return self.phases.get("sum", self.phases.get("allreduce", 0.0))
 
 
 def scaling(kind: str, nprocs: Sequence[int], batch_ms: Sequence[float]) -> list[tuple]:
@@ -136,9 +163,21 @@ def scaling(kind: str, nprocs: Sequence[int], batch_ms: Sequence[float]) -> list
     return out
 
 
+def point_interval(p: Any) -> tuple[float, float]:
+    """A point's interval, ms a batch: its repeats' range (trainer/core/timing.py), else the range of
+    its repeats' medians, else its batches' quartiles (runs recorded before the protocol)."""
+    m = p.metrics
+    if metrics.BATCH_MS_LO in m and metrics.BATCH_MS_HI in m:
+        return m[metrics.BATCH_MS_LO], m[metrics.BATCH_MS_HI]
+    if len(p.batch_ms_repeats) > 1:
+        return min(p.batch_ms_repeats), max(p.batch_ms_repeats)
+    t = point_batch_ms(p)
+    return m.get(metrics.phase_quantile("batch", "q1"), t), m.get(metrics.phase_quantile("batch", "q3"), t)
+
+
 def point_batch_ms(p: Any) -> float:
-    """A point's ms per batch: the median of its timing repeats' medians when it has several
-    (``perf.repeats``; a short run's one median can be 2x off on a noisy machine), else its median."""
+    """A point's ms per batch: the median of its repeats' medians (the timing protocol's
+    ``time/batch_ms``; recomputed from them for runs recorded before it), else its median."""
     if len(p.batch_ms_repeats) > 1:
         return statistics.median(p.batch_ms_repeats)
     return p.metrics.get(metrics.phase_time("batch"), math.nan)
@@ -176,8 +215,8 @@ def family_rows(points: Sequence[Any], family: Family) -> list[Scaling]:
         q3 = statistics.median(p.metrics.get(metrics.phase_quantile("batch", "q3"), t) for p in used)
         phases = {
             ph: statistics.median(p.metrics.get(metrics.phase_time(ph), 0.0) for p in used)
-            for ph in metrics.PHASES
-            if ph != "batch"
+            for ph in PHASES
+            if ph != "batch" and any(metrics.phase_time(ph) in p.metrics for p in used)
         }
         # samples/s at the time chosen above: each run's global batch over it.
         rate = [
@@ -187,6 +226,8 @@ def family_rows(points: Sequence[Any], family: Family) -> list[Scaling]:
         repeats = times if len(used) > 1 else used[0].batch_ms_repeats
         n_contended = len(idx) - len(alone)
         row = Scaling(nproc, t, q1, q3, statistics.median(rate), 0, 0, 0, phases, repeats, idx, n_contended)
+        intervals = [point_interval(p) for p in used]  # repeats of one timing: the widest range of them
+        row.lo, row.hi = min(lo for lo, _ in intervals), max(hi for _, hi in intervals)
         if not alone:
             row.trusted = False
             row.company = " and ".join(dict.fromkeys(why for i in idx for why in company(points[i])))
@@ -195,7 +236,17 @@ def family_rows(points: Sequence[Any], family: Family) -> list[Scaling]:
         rows, scaling(family.kind, [r.nproc for r in rows], [r.batch_ms for r in rows])
     ):
         r.speedup, r.ideal, r.efficiency = speedup, ideal, eff
+    base = rows[0]
+    for r in rows:  # the slowest and the fastest speedups both intervals allow
+        pair = [base.nproc, r.nproc]
+        r.speedup_lo = scaling(family.kind, pair, [base.lo, r.hi])[1][0]
+        r.speedup_hi = scaling(family.kind, pair, [base.hi, r.lo])[1][0]
     return rows
+
+
+def within_noise(lo: float, hi: float, value: float = 1.0) -> bool:
+    """Whether an interval holds ``value``: a speedup or efficiency the timing noise cannot tell from it."""
+    return lo <= value <= hi
 
 
 def flags(family: Family, rows: Sequence[Scaling]) -> list[str]:
@@ -210,13 +261,32 @@ def flags(family: Family, rows: Sequence[Scaling]) -> list[str]:
             out.append(f"nproc={r.nproc} was timed only with {r.company}: its speedup is not to be trusted ({fix})")
     base = rows[0]
     for r in rows[1:]:
+        if family.kind == "strong" and r.speedup <= 1.0 and within_noise(r.speedup_lo, r.speedup_hi):
+            out.append(
+                f"nproc={r.nproc} is no faster than nproc={base.nproc} within the timing noise "
+                f"(speedup {r.speedup_lo:.2f}-{r.speedup_hi:.2f}x)"
+            )
         if r.efficiency <= SUPERLINEAR:
             continue
         if not base.trusted:
             why = f"its baseline nproc={base.nproc} was slowed by {base.company}"
-        elif r.batch_q1 <= base.batch_ms * (base.nproc / r.nproc if family.kind == "strong" else 1) <= r.batch_q3:
-            why = "within the timing noise (the ideal time lies between its batches' quartiles)"
+        elif within_noise(r.efficiency_lo, r.efficiency_hi):
+            why = f"within the timing noise (its interval {r.efficiency_lo:.0%}-{r.efficiency_hi:.0%} holds 100%)"
         else:
-            why = "superlinear: each rank's share of the batch may fit a faster cache than the whole did"
+            noise = f"{r.efficiency_lo:.0%}-{r.efficiency_hi:.0%}"
+            why = f"beyond its timing noise ({noise}); {_measured(family, base, r)}"
         out.append(f"efficiency {r.efficiency:.0%} at nproc={r.nproc} is above 1: {why}")
     return out
+
+
+def _measured(family: Family, base: Scaling, r: Scaling) -> str:
+    """What the phases say of an efficiency above 1, and nothing they do not measure."""
+    share = base.nproc / r.nproc if family.kind == "strong" else 1.0  # a rank's rows, against the baseline's
+    expected = base.compute_ms * share
+    if expected > 0 and r.compute_ms < 0.95 * expected:
+        what = "the same rows" if family.kind == "weak" else f"{share:.2g} of its rows"
+        return (
+            f"each rank's own work took {r.compute_ms:.3g} ms a batch against {expected:.3g} ms for {what} at "
+            f"nproc={base.nproc}: the phases measured it, not why"
+        )
+    return "the phases measured nothing faster per rank: not explained by these timings"

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from sweeper.report import families as fam_mod
+from sweeper.report import limits
 from sweeper.report.plotting import fmt
 from trainer import metrics
 
@@ -82,14 +83,24 @@ def _nproc_effect(points: Sequence[Any], fams: Sequence[tuple]) -> list[str]:
 
 
 def _scaling_verdict(fams: Sequence[tuple]) -> list[str]:
+    """Per family: the speedup at its most ranks with its interval, what limits it, and the flags."""
     out = []
     for fam, rows in fams:
         last = rows[-1]
         what = "speedup" if fam.kind == "strong" else "scaled speedup"
         text = (
-            f"{fam.kind.capitalize()} scaling, {fam.label}: {what} {last.speedup:.2f}x at nproc={last.nproc} "
-            f"({last.efficiency:.0%} efficiency against nproc={rows[0].nproc})"
+            f"{fam.kind.capitalize()} scaling, {fam.label}: {what} {last.speedup:.2f}x "
+            f"({_range(last.speedup_lo, last.speedup_hi, '.2f')}x) at nproc={last.nproc} ({last.efficiency:.0%} "
+            f"efficiency, {_range(last.efficiency_lo, last.efficiency_hi, '.0%')}, against nproc={rows[0].nproc})"
         )
-        warnings = fam_mod.flags(fam, rows)
-        out.append(text + (": " + "; ".join(warnings) if warnings else "") + ".")
+        said = [limits.limit(fam, rows), *fam_mod.flags(fam, rows)]
+        said = [s for s in said if s]
+        out.append(text + (": " + "; ".join(said) if said else "") + ".")
     return out
+
+
+def _range(lo: float, hi: float, spec: str) -> str:
+    """An interval as the findings write it: 1.62-1.75 (no interval recorded: the value's own)."""
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        return "no interval"
+    return f"{lo:{spec}}-{hi:{spec}}"

@@ -24,6 +24,7 @@ def csv_rows(points: list[Point], axis: list[str], fams: list, finished: list[Po
                         f"{fam.kind}_family": fam.label,
                         f"{fam.kind}_speedup": f"{r.speedup:.4g}",
                         f"{fam.kind}_efficiency": f"{r.efficiency:.4g}",
+                        f"{fam.kind}_speedup_interval": f"{r.speedup_lo:.4g}-{r.speedup_hi:.4g}",
                     }
                 )
     out = []
@@ -42,8 +43,16 @@ def csv_rows(points: list[Point], axis: list[str], fams: list, finished: list[Po
                 "batch_ms": m.get(metrics.phase_time("batch"), ""),
                 "batch_ms_q1": m.get(metrics.phase_quantile("batch", "q1"), ""),
                 "batch_ms_q3": m.get(metrics.phase_quantile("batch", "q3"), ""),
-                **{f"{ph}_ms": m.get(metrics.phase_time(ph), "") for ph in metrics.PHASES if ph != "batch"},
+                "batch_ms_lo": m.get(metrics.BATCH_MS_LO, ""),
+                "batch_ms_hi": m.get(metrics.BATCH_MS_HI, ""),
+                **{
+                    f"{ph}_ms": m.get(metrics.phase_time(ph), "")
+                    for ph in (*metrics.PHASES, *metrics.SPLIT_PHASES, metrics.QUEUE)
+                    if ph != "batch"
+                },
                 "batch_ms_repeats": ";".join(f"{v:.4g}" for v in p.batch_ms_repeats),
+                "timed_batches": m.get(metrics.TIMED_BATCHES, ""),
+                "extra_steps": m.get(metrics.EXTRA_STEPS, ""),
                 "samples_per_s": m.get(metrics.SAMPLES_PER_S, ""),
                 "tflops": m.get(metrics.TFLOPS, ""),
                 "utilization": m.get(metrics.UTILIZATION, ""),
@@ -54,6 +63,7 @@ def csv_rows(points: list[Point], axis: list[str], fams: list, finished: list[Po
                 "timing": p.tags.get(metrics.TAG_TIMING_POLICY, ""),
                 "runs_beside": m.get(metrics.BESIDE, ""),
                 "beside": p.tags.get(metrics.TAG_BESIDE, ""),
+                "alongside": p.tags.get(metrics.TAG_ALONGSIDE, ""),
                 "core_wait": m.get(metrics.CORE_WAIT, ""),
                 "timed_alone": "no" if contended(p) else "yes",
                 "warm": p.tags.get(metrics.TAG_WARM, ""),
@@ -61,7 +71,7 @@ def csv_rows(points: list[Point], axis: list[str], fams: list, finished: list[Po
             }
         )
         for kind in ("strong", "weak"):
-            for col in ("family", "speedup", "efficiency"):
+            for col in ("family", "speedup", "efficiency", "speedup_interval"):
                 row[f"{kind}_{col}"] = scaled.get(p.run_id, {}).get(f"{kind}_{col}", "")
         row.update({"run_id": p.run_id, "sweep_id": p.sweep_id, "reused": "yes" if p.reused else ""})
         out.append(row)

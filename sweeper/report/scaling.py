@@ -10,7 +10,6 @@ from sweeper.report import analysis, families
 from sweeper.report.families import Family, Scaling
 from sweeper.report.plotting import fmt, grid, log_ticks, palette, save
 from sweeper.report.study import Point
-from trainer import metrics
 
 REGIME_COLOURS = {"perfect scaling": "#55a868", "diminishing returns": "#dd8452", "maximal data parallelism": "#c44e52"}
 PHASE_COLOURS = {
@@ -18,6 +17,8 @@ PHASE_COLOURS = {
     "forward": "#4c72b0",
     "backward": "#55a868",
     "allreduce": "#c44e52",
+    "sum": "#c44e52",  # the all-reduce split (several ranks): the sum itself and the wait for the slowest rank
+    "wait": "#e8a0a0",
     "update": "#dd8452",
 }
 
@@ -31,15 +32,19 @@ def scaling_figure(kind: str, fams: list[tuple[Family, list[Scaling]]], out: Pat
         c = colours[fam.label]
         p = [r.nproc for r in rows]
         t = [r.batch_ms for r in rows]
-        # The run's quartiles; with repeats the median can lie outside them (the band shows the repeats).
-        err = [[max(0.0, r.batch_ms - r.batch_q1) for r in rows], [max(0.0, r.batch_q3 - r.batch_ms) for r in rows]]
+        # The interval: the range of the repeats' medians (trainer/core/timing.py).
+        err = [[max(0.0, r.batch_ms - r.lo) for r in rows], [max(0.0, r.hi - r.batch_ms) for r in rows]]
         ax[0][0].errorbar(p, t, yerr=err, marker="o", color=c, capsize=3, label=fam.label)
         spread = [(r.nproc, min(r.repeats), max(r.repeats)) for r in rows if len(r.repeats) > 1]
         if spread:  # perf.repeats: the range of the repeats' medians
             ax[0][0].vlines(*zip(*spread), color=c, lw=4, alpha=0.35)
         ax[0][1].plot(p, [r.samples_per_s for r in rows], marker="o", color=c)
-        ax[0][2].plot(p, [r.speedup for r in rows], marker="o", color=c)
-        ax[0][3].plot(p, [r.efficiency for r in rows], marker="o", color=c)
+        for a, value, lo, hi in ((ax[0][2], "speedup", "speedup_lo", "speedup_hi"),
+                                 (ax[0][3], "efficiency", "efficiency_lo", "efficiency_hi")):  # fmt: skip
+            v = [getattr(r, value) for r in rows]
+            bars = [[max(0.0, x - getattr(r, lo)) for x, r in zip(v, rows)],
+                    [max(0.0, getattr(r, hi) - x) for x, r in zip(v, rows)]]  # fmt: skip
+            a.errorbar(p, v, yerr=bars, marker="o", color=c, capsize=3)
         for r in rows:  # timed only with other runs or processes: ringed, and said below the panels
             if not r.trusted:
                 values = (r.batch_ms, r.samples_per_s, r.speedup, r.efficiency)
@@ -49,7 +54,7 @@ def scaling_figure(kind: str, fams: list[tuple[Family, list[Scaling]]], out: Pat
     ax[0][2].plot(nprocs, [n / p0 for n in nprocs], "k--", lw=1, label="ideal")
     ax[0][3].axhline(1.0, color="k", ls="--", lw=1, label="ideal")
     what = "scaled speedup (p/p0) T0/Tp" if kind == "weak" else "speedup T0/Tp"
-    titles = ("time per batch (median, IQR; bands: repeats)", "samples per second", what, "efficiency")
+    titles = ("time per batch (median, interval of repeats)", "samples per second", what, "efficiency")
     ylabels = ("ms per batch", "samples/s", "speedup", "efficiency")
     for a, title, ylabel in zip(ax[0], titles, ylabels):
         log_ticks(a, nprocs)
@@ -75,7 +80,10 @@ def phases_figure(fams: list[tuple[Family, list[Scaling]]], out: Path) -> Path:
         a = ax[k // cols][k % cols]
         at = list(range(len(rows)))  # positions, labelled by nproc
         bottom = [0.0] * len(rows)
+        split = any("sum" in r.phases for r in rows)  # the all-reduce as the sum itself and the wait
         for phase, colour in PHASE_COLOURS.items():
+            if phase in (("allreduce",) if split else ("sum", "wait")):
+                continue
             values = [r.phases.get(phase, 0.0) for r in rows]
             a.bar(at, values, bottom=bottom, color=colour, label=phase)
             bottom = [b + v for b, v in zip(bottom, values)]
@@ -136,8 +144,7 @@ def regimes_figure(points: list[Point], studies: list[Family], out: Path) -> tup
 
 def _seconds_to(p: Point, steps: int) -> float:
     """Training seconds to run ``steps`` updates, at the run's median time per batch."""
-    ms = p.metrics.get(metrics.phase_time("batch"), math.nan)
-    return steps * ms / 1e3
+    return steps * families.point_batch_ms(p) / 1e3
 
 
 def family_table(fams: list[tuple[Family, list[Scaling]]]) -> list[dict[str, str]]:
@@ -149,11 +156,11 @@ def family_table(fams: list[tuple[Family, list[Scaling]]]) -> list[dict[str, str
                     "family": f"{fam.kind}: {fam.label}",
                     "nproc": str(r.nproc),
                     "ms per batch": f"{r.batch_ms:.3f}",
-                    "IQR ms": f"{r.batch_q1:.3f}-{r.batch_q3:.3f}",
+                    "interval ms": f"{r.lo:.3f}-{r.hi:.3f}",
                     "samples/s": f"{r.samples_per_s:,.0f}",
-                    "speedup": f"{r.speedup:.2f}",
+                    "speedup": f"{r.speedup:.2f} ({r.speedup_lo:.2f}-{r.speedup_hi:.2f})",
                     "ideal": fmt(r.ideal),
-                    "efficiency": f"{r.efficiency:.0%}",
+                    "efficiency": f"{r.efficiency:.0%} ({r.efficiency_lo:.0%}-{r.efficiency_hi:.0%})",
                     **{ph: f"{v:.3f}" for ph, v in r.phases.items()},
                 }
             )

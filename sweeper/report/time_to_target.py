@@ -1,8 +1,9 @@
 """Time to accuracy against GPUs: the training seconds each run took until its test precision first
-reached a target, against nproc, per family of points that differ only in how a batch is spread
-over ranks (and, for weak scaling, the batch size); beside it the speedup in time-to-target and the
-speedup in throughput (samples/s). Where more ranks buy throughput but not convergence (a larger
-global batch needs more epochs) the two part, and the figure shows where.
+reached a target (its steps at its trusted time a batch), against nproc, per family of points that
+differ only in how a batch is spread over ranks (and, for weak scaling, the batch size); beside it
+the speedup in time-to-target and the speedup in throughput (samples/s), both from the same timings.
+Where more ranks buy throughput but not convergence (a larger global batch needs more epochs) the
+two part, and the figure shows where.
 
 The target is ``report.target`` (a test precision), or else the highest precision in hundredths that
 three finished points in four reach. A point that never reaches it is kept, marked "not reached".
@@ -17,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from sweeper.report.analysis import seconds_to_target
-from sweeper.report.families import families
+from sweeper.report.families import families, point_batch_ms
 from sweeper.report.plotting import fmt, grid, log_ticks, palette, save
 from sweeper.report.study import Point
 from trainer import metrics
@@ -32,6 +33,8 @@ class Row:
     seconds: float | None  # training seconds to the target; None: never reached
     speedup: float | None  # time-to-target of the family's fewest ranks over this one's
     throughput: float | None  # samples/s over the fewest ranks' samples/s
+    epoch: int | None = None  # the first epoch at the target; another than the fewest ranks': the speedups part
+    base_epoch: int | None = None
 
 
 def default_target(points: Sequence[Point]) -> float | None:
@@ -43,8 +46,21 @@ def default_target(points: Sequence[Point]) -> float | None:
 
 
 def seconds_to(p: Point, target: float) -> float | None:
-    """The point's training seconds to ``target`` (analysis.seconds_to_target); None if never reached."""
-    return seconds_to_target(p.precision, p.epoch_s, target)
+    """The point's training seconds to ``target``: its SGD steps up to the first epoch that reached it,
+    at its trusted time a batch (families.point_batch_ms), the same timing its samples/s come from, so
+    the two speedups part only where the steps do. None if never reached. A run recorded without its
+    training set's size: its epochs' wall times (analysis.seconds_to_target)."""
+    n, batch = p.metrics.get(metrics.N_TRAIN), p.get("batch_size")
+    ms = point_batch_ms(p)
+    if not (n and isinstance(batch, int) and batch > 0 and math.isfinite(ms)):
+        return seconds_to_target(p.precision, p.epoch_s, target)
+    epoch = epoch_at(p, target)
+    return None if epoch is None else epoch * math.ceil(n / batch) * ms / 1e3
+
+
+def epoch_at(p: Point, target: float) -> int | None:
+    """The first epoch whose test precision reached ``target``; None if none did."""
+    return next((e for e, v in sorted(p.precision) if v >= target), None)
 
 
 def groups(points: Sequence[Point], order: Sequence[str] = ()) -> list[tuple[str, list[Point]]]:
@@ -71,7 +87,9 @@ def rows(points: Sequence[Point], target: float, order: Sequence[str] = ()) -> l
         for p in members:
             t, s = seconds_to(p, target), p.metrics.get(metrics.SAMPLES_PER_S)
             speedup = t0 / t if t0 is not None and t else None
-            out.append(Row(label, p, t, speedup, s / s0 if s and s0 else None))
+            row = Row(label, p, t, speedup, s / s0 if s and s0 else None)
+            row.epoch, row.base_epoch = epoch_at(p, target), epoch_at(base, target)
+            out.append(row)
     return out
 
 
@@ -101,6 +119,10 @@ def figure(table: list[Row], target: float, out: Path) -> Path | str:
         tp = [(r.point.nproc, r.throughput) for r in mine if r.throughput is not None]
         if sp:
             right.plot(*zip(*sp), "o-", color=colour, label=f"{label}: time to target")
+        for r in mine:  # where the two speedups part: the target came at another epoch (other SGD steps)
+            if r.speedup is not None and r.epoch != r.base_epoch:
+                right.annotate(f"epoch {r.epoch} vs {r.base_epoch}", (r.point.nproc, r.speedup), fontsize=6,
+                               color=colour, xytext=(4, 2), textcoords="offset points")  # fmt: skip
         if tp:
             right.plot(*zip(*tp), "s--", color=colour, alpha=0.7, label=f"{label}: samples/s")
     base = nprocs[0]
@@ -127,6 +149,7 @@ def csv_rows(table: list[Row], target: float) -> list[dict[str, Any]]:
             "seconds_to_target": "not reached" if r.seconds is None else f"{r.seconds:.6g}",
             "speedup_time_to_target": "" if r.speedup is None else f"{r.speedup:.4g}",
             "speedup_samples_per_s": "" if r.throughput is None else f"{r.throughput:.4g}",
+            "epoch_at_target": "" if r.epoch is None else r.epoch,
         }
         for r in table
     ]

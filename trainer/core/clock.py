@@ -43,6 +43,7 @@ class PhaseClock:
             self.nvtx = cupy_nvtx
         self.samples: dict[str, list[float]] = {p: [] for p in (*phases, "batch")}
         self._batch: list[Any] = []
+        self._host0 = 0.0  # perf_counter at the batch's start: on the GPU, "queue" is the CPU's time to queue it
         self.first_start: float | None = None  # time.time() at the first batch's start: the time to first batch
         self._pending: list[list[Any]] = []
         if gpu:
@@ -60,6 +61,7 @@ class PhaseClock:
     def start(self) -> None:
         if self.first_start is None:
             self.first_start = time.time()
+        self._host0 = time.perf_counter()
         self._batch = [self._now()]
         if self.nvtx:
             self.nvtx.RangePush(self.phases[0])
@@ -74,6 +76,8 @@ class PhaseClock:
                 self.nvtx.RangePush(self.phases[done])
         if done == len(self.phases):
             self._pending.append(self._batch)
+            if self.gpu:  # the host's time to queue the batch: near the GPU's, the GPU waits for its launches
+                self.samples.setdefault("queue", []).append((time.perf_counter() - self._host0) * 1e3)
 
     def _ms(self, a: Any, b: Any) -> float:
         if not self.gpu:
@@ -89,6 +93,11 @@ class PhaseClock:
                 self.samples[phase].append(self._ms(a, b))
             self.samples["batch"].append(self._ms(marks[0], marks[-1]))
         self._pending = []
+
+    def since(self, first: int) -> dict[str, list[float]]:
+        """Every phase's milliseconds from batch ``first`` (0-based) on: the timed sample."""
+        self.flush()
+        return {p: v[first:] for p, v in self.samples.items() if v}
 
     def quantiles(self, q: float) -> dict[str, float]:
         """Quantile ``q`` (0.5: the median) of each phase's milliseconds over every batch timed so far."""

@@ -165,11 +165,12 @@ def fit(
     if not schedule.shuffle and not isinstance(x, np.ndarray):
         prepared = step.prepare(x, [(start + lo, start + hi) for start, _, lo, hi in bounds])
     iteration = (start_epoch - 1) * n_batches
+    losses = xp.zeros(n_batches, dtype=params.dtype)  # one buffer for every epoch: a captured update writes there
     for epoch in range(start_epoch, schedule.epochs + 1):
         order = epoch_order(n, epoch, schedule)
         if order is not None and not isinstance(x, np.ndarray):
             order = xp.asarray(order)  # gather on the device where the data lives
-        losses = xp.zeros(n_batches, dtype=params.dtype)
+        losses.fill(0)
         sizes = np.empty(n_batches, dtype=np.int64)
         t0 = time.perf_counter()
         for b, (start, stop, lo, hi) in enumerate(bounds):
@@ -194,7 +195,7 @@ def fit(
             if on_step is not None:
                 on_step(iteration)
         step.finish()  # the weights and the losses are complete past this point
-        host_losses = losses.get() if xp is not np else losses  # waits for the epoch's work
+        host_losses = losses.get() if xp is not np else losses.copy()  # waits for the epoch's work
         seconds = time.perf_counter() - t0
         if clock:
             clock.flush()

@@ -18,22 +18,32 @@ from typing import Any
 import numpy as np
 
 _HANDLES: dict[tuple[int, bool], int] = {}
-_GEMM_EX: list[Any] = []
+_CUBLAS: list[Any] = []
 # cublas_api.h / library_types.h: cudaDataType_t, cublasComputeType_t, cublasGemmAlgo_t
 _R_32F, _R_16BF, _COMPUTE_32F, _GEMM_DEFAULT = 0, 14, 68, -1
 
 
-def _gemm_ex() -> Any:
-    """cublasGemmEx of the libcublas CuPy loaded (found in this process's memory map)."""
-    if not _GEMM_EX:
+def _cublas() -> Any:
+    """The libcublas CuPy loaded (found in this process's memory map), with the calls the step makes.
+    Called directly: CuPy's own wrappers refuse to run while a stream captures a CUDA graph."""
+    if not _CUBLAS:
         with open("/proc/self/maps") as maps:
             paths = [line.split()[-1] for line in maps if "libcublas.so" in line]
-        fn = ctypes.CDLL(paths[0] if paths else "libcublas.so").cublasGemmEx
+        lib = ctypes.CDLL(paths[0] if paths else "libcublas.so")
         P, i = ctypes.c_void_p, ctypes.c_int
         # handle, transa, transb, m, n, k, alpha, A, Atype, lda, B, Btype, ldb, beta, C, Ctype, ldc, compute, algo
-        fn.argtypes = [P, i, i, i, i, i, P, P, i, i, P, i, i, P, P, i, i, i, i]
-        _GEMM_EX.append(fn)
-    return _GEMM_EX[0]
+        lib.cublasGemmEx.argtypes = [P, i, i, i, i, i, P, P, i, i, P, i, i, P, P, i, i, i, i]
+        # handle, transa, transb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc
+        for name in ("cublasSgemm_v2", "cublasDgemm_v2"):
+            getattr(lib, name).argtypes = [P, i, i, i, i, i, P, P, i, P, i, P, P, i]
+        lib.cublasSetStream_v2.argtypes = [P, P]
+        _CUBLAS.append(lib)
+    return _CUBLAS[0]
+
+
+def _checked(call: str, status: int) -> None:
+    if status:
+        raise RuntimeError(f"{call} failed with cuBLAS status {status}")
 
 
 def _cublas_handle(tensor_cores: bool) -> int:
@@ -64,20 +74,24 @@ class Gemm:
         import cupy as cp
         from cupy_backends.cuda.libs import cublas
 
-        self.cublas, self.cupy = cublas, cp
+        self.cupy, lib = cp, _cublas()
         self.handle = _cublas_handle(tensor_cores and np.dtype(dtype) == np.float32)
         self.op = {False: cublas.CUBLAS_OP_N, True: cublas.CUBLAS_OP_T}
-        self.fn = cublas.sgemm if np.dtype(dtype) == np.float32 else cublas.dgemm
+        self.set_stream = lib.cublasSetStream_v2
+        gemm = lib.cublasSgemm_v2 if np.dtype(dtype) == np.float32 else lib.cublasDgemm_v2
+
+        def fn(h, ta, tb, m, n, k, alpha, b, ldb, a, lda, beta, out, ldo) -> None:
+            _checked("cublas gemm", gemm(h, ta, tb, m, n, k, alpha, b, ldb, a, lda, beta, out, ldo))
+
         if bf16:
-            ex = _gemm_ex()
+            ex = lib.cublasGemmEx
 
             def fn(h, ta, tb, m, n, k, alpha, b, ldb, a, lda, beta, out, ldo) -> None:
                 status = ex(h, ta, tb, m, n, k, alpha, b, _R_16BF, ldb, a, _R_16BF, lda, beta, out, _R_32F, ldo,
                             _COMPUTE_32F, _GEMM_DEFAULT)  # fmt: skip
-                if status:
-                    raise RuntimeError(f"cublasGemmEx (BF16) failed with status {status}")
+                _checked("cublasGemmEx (BF16)", status)
 
-            self.fn = fn
+        self.fn = fn
         self.alpha, self.zero = np.ones(1, dtype=dtype), np.zeros(1, dtype=dtype)
 
     def __call__(self, a: Any, b: Any, out: Any, ta: bool = False, tb: bool = False, alpha: float = 1) -> None:
@@ -87,7 +101,7 @@ class Gemm:
         k = a.shape[0] if ta else a.shape[1]
         op = self.op
         self.alpha[0] = alpha  # read by cuBLAS during the call (host pointer mode), not at the launch
-        self.cublas.setStream(self.handle, self.cupy.cuda.get_current_stream().ptr)
+        _checked("cublasSetStream", self.set_stream(self.handle, self.cupy.cuda.get_current_stream().ptr))
         self.fn(
             self.handle, op[tb], op[ta], n, m, k, self.alpha.ctypes.data, b.data.ptr, leading(b),
             a.data.ptr, leading(a), self.zero.ctypes.data, out.data.ptr, leading(out),

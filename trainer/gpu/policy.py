@@ -47,6 +47,14 @@ def window_wanted(nccl_window: str, beside_gemm: bool) -> bool:
     return nccl_window == "always" or (nccl_window == "auto" and not beside_gemm)
 
 
+def graph_wanted(graph: str, step: str, overlap: bool, shuffle: bool, on_device: bool) -> bool:
+    """Whether the fused step's phases replay as CUDA graphs (trainer/gpu/graphs.py): ``graph``
+    (gpu.graph) auto does wherever each batch's operands stay put: the fused step, its sums not
+    overlapped, the batches in order on the device (X prepared once). Measured: docs/benchmarks.md,
+    The step's launches."""
+    return graph == "auto" and step == "fused" and not overlap and not shuffle and on_device
+
+
 def gemm_mode(cfg: Any) -> str:
     """How the fused step's GEMMs run: gpu.gemm in float32, DGEMM in float64."""
     if cfg.dtype.value != "float32":
@@ -72,6 +80,7 @@ def step_options(cfg: Any, backend_kind: str) -> StepOptions:
         beside_gemm=beside_gemm,
         nccl_window=window_wanted(gpu.nccl_window.value, beside_gemm),
         profile=gpu.profile,
+        graph=graph_wanted(gpu.graph.value, kind, overlap, cfg.data.shuffle, cfg.data.on_device),
     )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import platform
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -43,7 +44,6 @@ def visible_gpus() -> int:
     the NVIDIA driver lists (/proc/driver/nvidia/gpus), as many as CUDA_VISIBLE_DEVICES names, and
     none where CuPy is not installed; where the driver lists nothing, CuPy is asked."""
     import importlib.util
-    from pathlib import Path
 
     if importlib.util.find_spec("cupy") is None:
         return 0
@@ -70,6 +70,7 @@ def select(device: str, local_rank: int) -> Backend:
 
     dev = cupy.cuda.Device(local_rank % n_gpus)  # one GPU per rank of a node, as Slurm or the runner lists them
     dev.use()
+    bind_near(cupy.cuda.runtime.deviceGetPCIBusId(dev.id))
     visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
     props = cupy.cuda.runtime.getDeviceProperties(dev.id)
     name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
@@ -80,6 +81,32 @@ def select(device: str, local_rank: int) -> Backend:
         "cuda_driver": str(cupy.cuda.runtime.driverGetVersion()),
     }
     return Backend(cupy, "gpu", name, versions, n_gpus, visible[dev.id] if dev.id < len(visible) else str(dev.id))
+
+
+def cpu_list(text: str) -> set[int]:
+    """Linux's CPU list format ("0-15,32-47") as a set of CPU numbers."""
+    cpus: set[int] = set()
+    for part in text.strip().split(","):
+        if part:
+            lo, _, hi = part.partition("-")
+            cpus.update(range(int(lo), int(hi or lo) + 1))
+    return cpus
+
+
+def bind_near(pci_bus_id: str) -> set[int] | None:
+    """Bind this process to the cores nearest its GPU (the GPU's NUMA node, from sysfs), within the
+    cores it may use (mpiexec's or Slurm's binding, a cgroup): its launches then cross no socket.
+    Returns the cores bound to; None where Linux does not say which are near, or none of them is allowed."""
+    try:
+        near = cpu_list(Path(f"/sys/bus/pci/devices/{pci_bus_id.lower()}/local_cpulist").read_text())
+        allowed = os.sched_getaffinity(0)
+    except (OSError, ValueError, AttributeError):
+        return None
+    cores = near & allowed
+    if not cores or cores == allowed:
+        return None
+    os.sched_setaffinity(0, cores)
+    return cores
 
 
 def pinned(a: np.ndarray) -> Any:

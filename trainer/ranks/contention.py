@@ -45,9 +45,13 @@ class TimedSpan:
     """Rank 0's timed batches: ``with TimedSpan(...) as span:`` around them; then
     :attr:`beside` names the runs that overlapped them and :attr:`waited_s` the wait for the host."""
 
-    def __init__(self, name: str, exclusive: bool, units: str, say: Callable[[str], None] = print) -> None:
+    def __init__(
+        self, name: str, exclusive: bool, units: str, say: Callable[[str], None] = print, gpus: list[str] | None = None
+    ) -> None:
         self.name, self.exclusive, self.units, self.say = name, exclusive, units, say
+        self.gpus = gpus  # the GPUs its ranks compute on; None: CPU ranks (every run of the host shares their cores)
         self.beside: list[str] = []
+        self.alongside: list[str] = []  # GPU runs on other GPUs of the host meanwhile: not company (docs/benchmarks.md)
         self.waited_s = 0.0
         self.fd: int | None = None
         self.marker: Path | None = None
@@ -76,18 +80,20 @@ class TimedSpan:
         if self.fd is not None:
             os.close(self.fd)  # the lock goes with the descriptor
             self.fd = None
-        self.beside = self._overlapping()
+        self.beside, self.alongside = self._overlapping()
 
     def _write(self, end: float | None) -> None:
         entry = {"run": self.name, "units": self.units, "host": socket.gethostname(), "pid": os.getpid()}
+        entry["gpus"] = self.gpus
         entry.update(start=self.start, end=end)
         part = self.marker.with_suffix(".part")
         part.write_text(json.dumps(entry))
         part.replace(self.marker)  # readers see a whole marker or none
 
-    def _overlapping(self) -> list[str]:
-        """The other runs of this host whose timed batches overlapped these; stale markers go."""
-        found, host, now = [], socket.gethostname(), time.time()
+    def _overlapping(self) -> tuple[list[str], list[str]]:
+        """The other runs of this host whose timed batches overlapped these, as (company, alongside):
+        alongside, GPU runs on none of this GPU run's GPUs; stale markers go."""
+        found, apart, host, now = [], [], socket.gethostname(), time.time()
         for path in self.marker.parent.glob("*.json"):
             if path == self.marker:
                 continue
@@ -103,8 +109,10 @@ class TimedSpan:
                     path.unlink()  # long ended, or its process died timing
                 continue
             if other["start"] < self.end and (end is None or end > self.start):
-                found.append(f"{other['run']} ({other['units']})")
-        return sorted(found)
+                theirs = other.get("gpus")
+                disjoint = self.gpus is not None and theirs is not None and not set(self.gpus) & set(theirs)
+                (apart if disjoint else found).append(f"{other['run']} ({other['units']})")
+        return sorted(found), sorted(apart)
 
 
 class CoreWait:
@@ -141,6 +149,9 @@ def run_delay_s() -> float | None:
 def for_run(name: str | None, exclusive: bool, nproc: int, device: str) -> TimedSpan:
     """A run's span: named by its run name, its units by its ranks and their GPUs."""
     units = f"{nproc} rank(s) on {device}"
-    if device == "gpu" and os.environ.get("CUDA_VISIBLE_DEVICES"):
-        units += f" {os.environ['CUDA_VISIBLE_DEVICES']}"
-    return TimedSpan(name or f"pid {os.getpid()}", exclusive, units)
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if device == "gpu" and visible:
+        units += f" {visible}"
+    # A GPU run's GPUs, where the launcher gave it its own (CUDA_VISIBLE_DEVICES); unknown: shares them all.
+    gpus = [g.strip() for g in visible.split(",") if g.strip()] if device == "gpu" and visible else None
+    return TimedSpan(name or f"pid {os.getpid()}", exclusive, units, gpus=gpus)

@@ -29,6 +29,10 @@ IDENTITY: dict[str, str] = {
 }  # fmt: skip
 # Keys that joined later: hashed only where they differ from the value every earlier result had.
 SINCE: dict[str, str] = {"perf.timing": "shared"}
+# Keys once hashed that change no result any more: hashed at the value every earlier result had, so
+# that earlier sweeps still resume. perf.repeats: since the timing protocol (trainer/core/timing.py)
+# its repeats cut the timed batches, with no run of their own.
+FROZEN: dict[str, object] = {"perf.repeats": 1}
 
 
 def identity(cfg: Any, ignore: tuple[str, ...] = ()) -> dict[str, Any]:
@@ -41,7 +45,9 @@ def identity(cfg: Any, ignore: tuple[str, ...] = ()) -> dict[str, Any]:
         node: Any = values
         for part in path.split("."):
             node = node[part]
-        if SINCE.get(path, object()) != node:
+        if path in FROZEN:
+            out[name] = FROZEN[path]
+        elif SINCE.get(path, object()) != node:
             out[name] = node
     return out
 

@@ -12,6 +12,7 @@ from omegaconf import DictConfig, OmegaConf
 from trainer import metrics
 from trainer.core import flops, model
 from trainer.core.loop import EpochResult
+from trainer.core.timing import Measured
 from trainer.options import StepOptions
 from trainer.ranks import parallel
 from trainer.ranks.backend import Backend
@@ -138,12 +139,12 @@ def record_performance(
     options: StepOptions = GENERIC,
     comm: str = "host",
     n_train: int | None = None,
-    quartiles: dict[str, dict[str, float]] | None = None,
-    repeat_ms: list[float] | None = None,
+    measured: Measured | None = None,
 ) -> None:
-    """Phase times (median, and ``quartiles``: {"q1": ..., "q3": ...} of each phase), the FLOP
-    model's rates for a full batch of the global size (``n_train`` caps it), the course's bytes and
-    arithmetic intensity per rank and batch, and the median batch time of each timing repeat.
+    """Phase times (median), the FLOP model's rates for a full batch of the global size (``n_train``
+    caps it), the course's bytes and arithmetic intensity per rank and batch, and what the timing
+    protocol measured (``measured``: quartiles, each repeat's median and their interval, the sum's
+    split, the batches timed; trainer/core/timing.py).
 
     perf/utilization divides by the peak of the arithmetic the GEMMs ran on (``options``: the GEMM
     mode and the products per model GEMM; perf.peak_tflops overrides it);
@@ -160,7 +161,10 @@ def record_performance(
     recorder.metric(metrics.ALLREDUCE_BYTES, ar_bytes)
     images_per_batch = backend.kind == "gpu" and not cfg.data.on_device
     _record_traffic(recorder, layout, -(-B // nproc), itemsize, nproc, comm, images_per_batch)  # rank 0's rows
-    _record_timings(recorder, phase_ms, quartiles or {}, repeat_ms or [])
+    for phase, ms in phase_ms.items():
+        recorder.metric(metrics.phase_time(phase), ms)
+    if measured is not None:
+        _record_protocol(recorder, measured)
     batch_s = phase_ms["batch"] / 1e3
     recorder.metric(metrics.SAMPLES_PER_S, B / batch_s)
     recorder.metric(metrics.TFLOPS, batch_flops / batch_s / 1e12)
@@ -195,19 +199,19 @@ def _record_traffic(
         recorder.metric(metrics.ARITHMETIC_INTENSITY, intensity)
 
 
-def _record_timings(
-    recorder: tracking.Recorder,
-    phase_ms: dict[str, float],
-    quartiles: dict[str, dict[str, float]],
-    repeat_ms: list[float],
-) -> None:
-    for phase, ms in phase_ms.items():
-        recorder.metric(metrics.phase_time(phase), ms)
-    for which, values in quartiles.items():
+def _record_protocol(recorder: tracking.Recorder, measured: Measured) -> None:
+    for which, values in measured.quartiles.items():
         for phase, ms in values.items():
             recorder.metric(metrics.phase_quantile(phase, which), ms)
-    for r, ms in enumerate(repeat_ms):
+    for r, ms in enumerate(measured.repeats):
         recorder.metric(metrics.BATCH_MS_REPEAT, ms, r)
+    lo, hi = measured.interval
+    recorder.metric(metrics.BATCH_MS_LO, lo)
+    recorder.metric(metrics.BATCH_MS_HI, hi)
+    for part, ms in measured.split.items():
+        recorder.metric(metrics.phase_time(part), ms)
+    recorder.metric(metrics.TIMED_BATCHES, measured.batches)
+    recorder.metric(metrics.EXTRA_STEPS, measured.extra)
 
 
 def _record_utilization(
@@ -251,6 +255,8 @@ def record_beside(recorder: tracking.Recorder, span: TimedSpan, core_wait: float
     tags = {metrics.TAG_TIMING_POLICY: "exclusive" if span.exclusive else "shared"}
     if span.beside:
         tags[metrics.TAG_BESIDE] = ", ".join(span.beside)[:5000]
+    if span.alongside:  # on other GPUs: not counted as company
+        tags[metrics.TAG_ALONGSIDE] = ", ".join(span.alongside)[:5000]
     recorder.set_tags(tags)
 
 
