@@ -33,6 +33,14 @@ sweep() {  # sweep NAME ARGS...: one sweep in a fresh folder and store; its wall
   printf '%-28s rc=%s %7.2f s\n' "$name" "$rc" "$(( (t1 - t0) / 1000000 ))e-3" | tee -a "$RES/times.txt"
 }
 
+python3 -c "
+import os, cupy
+from pathlib import Path
+for d in range(cupy.cuda.runtime.getDeviceCount()):
+    bus = cupy.cuda.runtime.deviceGetPCIBusId(d).lower()
+    near = Path(f'/sys/bus/pci/devices/{bus}/local_cpulist')
+    print(f'GPU {d} {bus}: near cores', near.read_text().strip() if near.exists() else 'not said', 'of', len(os.sched_getaffinity(0)))
+" 2>&1 | tee "$RES/near.txt"
 for s in ${@:-pytest step sweeps headline preset}; do
   case $s in
     pytest)
