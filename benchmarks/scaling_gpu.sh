@@ -48,7 +48,7 @@ for s in ${@:-pytest step sweeps headline preset}; do
         >"$RES/pytest_gpu.txt" 2>&1
       grep -E "passed|failed|^E " "$RES/pytest_gpu.txt" | tail -40 ;;
     step)  # the step alone: eager against graphed, weak (3200 a GPU) and strong (12800), H=2048 and 512
-      for H in 2048 512; do
+      for H in ${STEP_H:-2048 512}; do
         timeout 300 python3 benchmarks/gpu_scaling.py --hidden $H --gpus ${NPROCS//,/ } --comms nccl nccl-graph \
           --cases "weak FP32 3xBF16" "strong FP32 3xBF16" 2>&1 | tee -a "$RES/step.txt"
       done ;;
@@ -58,7 +58,7 @@ for s in ${@:-pytest step sweeps headline preset}; do
       done ;;
     headline)  # the user's command twice (shared timing: runs on other GPUs alongside), then timed alone
       for i in 1 2; do sweep headline_$i hidden=512,1024,2048 nproc=$NPROCS; done
-      sweep headline_exclusive hidden=512,1024,2048 nproc=$NPROCS perf.timing=exclusive ;;
+      [ "${EXCLUSIVE:-1}" = 1 ] && sweep headline_exclusive hidden=512,1024,2048 nproc=$NPROCS perf.timing=exclusive ;;
     preset)  # the course's one epoch: the timing pass times every nproc's batches
       sweep preset +experiment=scaling nproc=$NPROCS ;;
   esac
