@@ -51,7 +51,10 @@ def test_a_sweep_and_its_report_land_in_postgresql(tmp_path):
         "select r.name, r.status from runs r join experiments e on r.experiment_id = e.experiment_id "
         f"where e.name = '{experiment}' order by r.name"
     )
-    parent_name = "sweep hidden · epochs=2 · batch_size=50 · data.n_train=200 · data.n_test=50 · data embedded digits"
+    parent_name = (
+        "sweep hidden · epochs=2 · batch_size=50 · data.n_train=200 · data.n_test=50 · perf.min_batches=1"
+        " · perf.min_seconds=0 · data embedded digits"
+    )
     assert rows == [["hidden=16", "FINISHED"], ["hidden=8", "FINISHED"], [parent_name, "FINISHED"]]
     summary = in_postgres(
         "select count(*) from metrics m join runs r on m.run_uuid = r.run_uuid join experiments e "
