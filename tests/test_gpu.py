@@ -367,3 +367,17 @@ def test_the_phases_sum_and_skew_add_up_to_the_measured_batch(mlflow_uri, tmp_pa
     assert m[metrics.phase_time("skew")] >= m[metrics.phase_time("wait")] - 1e-9
     assert m[metrics.phase_time("queue")] > 0  # the CPU's time to queue a batch
     assert m[metrics.TIMED_BATCHES] >= 3 * 10
+
+
+@pytest.mark.gpu
+@pytest.mark.mpi
+def test_sums_through_the_host_run_their_step_eagerly(mlflow_uri, tmp_path):
+    """gpu.comm=mpi stages each sum through host memory with MPI: no CUDA graph can replay that, so
+    the step runs eagerly (on one GPU the two ranks share it) and still matches the CPU."""
+    args = ["device=gpu", "nproc=2", "gpu.comm=mpi", "hidden=64", "data.n_train=400", "batch_size=100", "epochs=3"]
+    result = trainer([*args, "data.scale=unit", "model.init=fan_in", "check.steps=all"], tmp_path)
+    assert result.returncode == 0, result.stderr
+    _, run = only_run(mlflow_uri)
+    assert run.data.tags["sweepscale.comm"] == "HostAllreduce" and run.data.tags["sweepscale.graph"] == "false"
+    assert metrics.TAG_GRAPHS not in run.data.tags
+    assert run.data.metrics[metrics.weight_error("max")] < 1e-4

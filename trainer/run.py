@@ -215,6 +215,8 @@ def train_on_rank(
         *(options.beside_gemm, options.nccl_window),
     )
     overlap = options.overlap and allreduce.overlaps  # NCCL alone can
+    if options.graph and not allreduce.capturable:  # gpu.comm=mpi: its sums pass through the host
+        options = replace(options, graph=False)
     steps = steps_checked(cfg, len(ds.y_train), schedule)  # the check compares the first `steps`
     snapshot = Snapshot(steps) if 0 < steps < reference.steps_of("all", len(ds.y_train), schedule) else None
     if snapshot is not None and ckpt is not None and ckpt.snapshot.size:  # taken before the job was requeued

@@ -125,6 +125,7 @@ class NcclAllreduce:
 
     via = "nccl"  # how the sums go (trainer/core/flops.py COMMS)
     overlaps = True  # start / sum_on: a part summed on a stream of its own while the step computes
+    capturable = True  # NCCL's sums are kernels on the stream: a CUDA graph replays them
 
     def __init__(self, world: World, dtype: Any, beside_gemm: bool = False, window: bool = False) -> None:
         import cupy

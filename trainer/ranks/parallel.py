@@ -218,6 +218,7 @@ class HostAllreduce:
         self.on_gpu = xp is not np
         self.via = "mpi" if self.on_gpu else "host"  # how the sums go (trainer/core/flops.py COMMS)
         self.overlaps, self.window_state = False, None  # no sum beside the step, no window
+        self.capturable = self.size == 1  # a host MPI call in a CUDA graph would run at its capture, not its replays
         self.host = None
         if self.on_gpu and self.size > 1:
             import cupyx
