@@ -25,7 +25,6 @@ from trainer.core.loop import STEP_PHASES, Schedule, Snapshot, fit
 from trainer.core.timing import Protocol
 from trainer.errors import ConfigError
 from trainer.gpu import policy
-from trainer.gpu.graphs import compute_stream
 from trainer.lifecycle import faults, launch, reference_jobs, requeue
 from trainer.lifecycle.check import PendingCheck, first_weights, steps_checked
 from trainer.lifecycle.check import start as start_reference
@@ -244,8 +243,7 @@ def train_on_rank(
 
     exclusive, name = cfg.perf.timing == Timing.exclusive, cfg.mlflow.run_name
     span = contextlib.nullcontext() if recorder is None else for_run(name, exclusive, world.size, backend.kind)
-    stream = compute_stream() if options.graph else contextlib.nullcontext()  # CUDA captures no legacy-stream work
-    with span, stream:  # the batches timed: the host's lock held, what else ran meanwhile noted
+    with span, step.stream_for(options):  # the batches timed: the host's lock held, what else ran meanwhile noted
         parallel.wait_for_all(world.comm)  # every rank starts its clock once rank 0 has the host
         waiting = CoreWait()  # and what else ran on its cores
         training_step = steps_on(params)

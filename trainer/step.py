@@ -3,13 +3,16 @@ the flat gradient buffer, the all-reduce, the update), in one of two implementat
 math, picked from the run's StepOptions (trainer/options.py):
 
 - GenericStep (trainer/core/generic_step.py): model.py's functions, NumPy or CuPy.
-- FusedStep (CuPy only, trainer/gpu/fused_step.py): cuBLAS GEMMs and fused kernels.
+- FusedStep (CuPy only, trainer/gpu/fused_step.py): cuBLAS GEMMs and fused kernels; with
+  ``options.graph`` wrapped in a GraphedStep (trainer/gpu/graphs.py), its phases replayed as CUDA
+  graphs, under the stream ``stream_for`` gives the run.
 
 ``build`` gives ``fit`` (trainer/core/loop.py) its step, ready: the loop never chooses.
 """
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import numpy as np
@@ -47,6 +50,16 @@ def make_step(
             return GraphedStep(fused)
         return fused
     return GenericStep(layout, params, gbuf, allreduce)
+
+
+def stream_for(options: StepOptions) -> contextlib.AbstractContextManager:
+    """Where a run's GPU work goes while it trains: a stream of its own where the step replays CUDA
+    graphs (CUDA captures no work on the legacy default stream), else where it is."""
+    if not options.graph:
+        return contextlib.nullcontext()
+    from trainer.gpu.graphs import compute_stream
+
+    return compute_stream()
 
 
 def build(
