@@ -261,7 +261,7 @@ def flags(family: Family, rows: Sequence[Scaling]) -> list[str]:
             out.append(f"nproc={r.nproc} was timed only with {r.company}: its speedup is not to be trusted ({fix})")
     base = rows[0]
     for r in rows[1:]:
-        if family.kind == "strong" and r.speedup <= 1.0 and within_noise(r.speedup_lo, r.speedup_hi):
+        if family.kind == "strong" and within_noise(r.speedup_lo, r.speedup_hi):
             out.append(
                 f"nproc={r.nproc} is no faster than nproc={base.nproc} within the timing noise "
                 f"(speedup {r.speedup_lo:.2f}-{r.speedup_hi:.2f}x)"
