@@ -16,7 +16,9 @@ eager runs).
 
 Only batches whose operands stay where they are can be replayed: the fused step without the
 overlap (its sums on a side stream, its update left to the next forward), on X prepared once (no
-shuffling). ``trainer/gpu/policy.py`` ``graph_wanted`` says when; anything else runs eagerly.
+shuffling), its sums NCCL's (a host-staged MPI sum would run once, at the capture).
+``trainer/gpu/policy.py`` ``graph_wanted`` and the all-reduce's ``capturable`` say when; anything
+else runs eagerly.
 The step must run on a stream other than the legacy default one (CUDA captures no work there):
 the run trains under :func:`compute_stream`.
 """
