@@ -15,7 +15,7 @@ from trainer.core.clock import PhaseClock
 from trainer.core.timing import Measured, Protocol, measure, split_sum
 from trainer.ranks import parallel
 
-PASSES = 3  # timing passes at most: the first's length is estimated from the training's batches
+PASSES = 3  # timing passes at most: the first's length is estimated from the training's median batch
 
 
 def measure_run(
@@ -30,7 +30,7 @@ def measure_run(
     its warm-up), timed by the clock it returns."""
     skip = protocol.skipped(batches_per_epoch)
     sample, extra = clock.since(skip), 0
-    estimate = min(clock.samples["batch"] or [math.inf])  # the fastest batch: the most batches the floor may take
+    estimate = float(np.median(clock.samples["batch"])) if clock.samples["batch"] else math.inf  # ms a batch
     for _ in range(PASSES):
         if parallel.agree(comm, int(not protocol.enough(sample.get("batch", []))), "max") == 0:
             break
@@ -39,7 +39,7 @@ def measure_run(
         timed = time_epochs(parallel.agree(comm, epochs, "max"))
         sample = timed.since(skip)
         extra = len(sample.get("batch", []))
-        estimate = min(sample.get("batch") or [estimate])
+        estimate = float(np.median(sample["batch"])) if sample.get("batch") else estimate  # a pass short of it: again
     measured = measure(sample, protocol.repeats, extra)
     if comm.Get_size() > 1 and "allreduce" in sample:
         every = comm.gather(np.asarray(sample["allreduce"]))
