@@ -3,7 +3,7 @@
 On the GPU a CUDA event is recorded into the stream at every phase boundary and the events are
 read once per epoch, so timing adds no synchronisation to the step. On the CPU work is
 synchronous and ``time.perf_counter`` is exact. Every batch's durations are kept, so the spread
-(quartiles) is known as well as the median.
+(quartiles, trainer/core/timing.py) is known as well as the median.
 """
 
 from __future__ import annotations
@@ -12,8 +12,6 @@ import os
 import time
 from functools import cache
 from typing import Any
-
-import numpy as np
 
 _IMPORTED = time.time()  # process_start's fallback: as early as this module is imported
 
@@ -98,11 +96,3 @@ class PhaseClock:
         """Every phase's milliseconds from batch ``first`` (0-based) on: the timed sample."""
         self.flush()
         return {p: v[first:] for p, v in self.samples.items() if v}
-
-    def quantiles(self, q: float) -> dict[str, float]:
-        """Quantile ``q`` (0.5: the median) of each phase's milliseconds over every batch timed so far."""
-        self.flush()
-        return {p: float(np.quantile(v, q)) for p, v in self.samples.items() if v}
-
-    def medians(self) -> dict[str, float]:
-        return self.quantiles(0.5)

@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from trainer import metrics
+
 
 @dataclass(frozen=True)
 class Protocol:
@@ -90,7 +92,7 @@ def measure(samples: dict[str, Sequence[float]], repeats: int, extra: int = 0) -
     medians = {p: float(np.median(v)) for p, v in samples.items() if len(v)}
     quartiles = {
         which: {p: float(np.quantile(v, q)) for p, v in samples.items() if len(v)}
-        for which, q in (("q1", 0.25), ("q3", 0.75))
+        for which, q in metrics.QUANTILES.items()
     }
     per_repeat = [float(np.median(batch[s])) for s in blocks(len(batch), repeats)]
     return Measured(medians, quartiles, per_repeat, len(batch), extra)
