@@ -100,9 +100,11 @@ def close_runs(
     earlier: dict,
     sweep_dir: Path,
     opts: DictConfig,
+    also: list[Any] = (),
 ) -> tuple[list, Exception | None]:
     """Each point's outcome, read from the store (or, the tracking server away, from the jobs), and
-    the parent run ended; the server's error where it did not answer, else None."""
+    the parent run ended; the server's error where it did not answer, else None. ``also``: the
+    sweep's other runs, whose devices count in its totals (sweeper/retime.py)."""
     away: Exception | None = None
     try:
         if record.uri.startswith(("http://", "https://")):  # what points left while the server was away
@@ -123,7 +125,7 @@ def close_runs(
         away, outcomes = e, offline(points, done_before, flight)
     if away is None:  # the sweep's GPU-seconds (core-seconds) on its parent run
         try:
-            record.log_parent(resources.parent_metrics(spent(outcomes)))
+            record.log_parent(resources.parent_metrics(spent(outcomes, also)))
         except Exception as e:  # the server went away just now: the closing lines still say them
             if not store.server_away(e):
                 raise
@@ -134,9 +136,10 @@ def close_runs(
     return outcomes, away
 
 
-def spent(outcomes: list[display.Outcome]) -> list[resources.Held]:
-    """What this sweep's runs held (a point it skipped was paid for by an earlier sweep)."""
-    ran = [o.run for o in outcomes if o.run is not None and o.status != "SKIPPED"]
+def spent(outcomes: list[display.Outcome], also: list[Any] = ()) -> list[resources.Held]:
+    """What this sweep's runs held (a point it skipped was paid for by an earlier sweep); ``also``:
+    its other runs (the points it timed again alone, sweeper/retime.py)."""
+    ran = [o.run for o in outcomes if o.run is not None and o.status != "SKIPPED"] + list(also)
     return resources.held((int(r.data.params.get("nproc", 1)), r.data.metrics) for r in ran)
 
 

@@ -92,6 +92,9 @@ class SweepOptions:
     # At the sweep's end, the longest wait on one call to a tracking server (http): what a server that
     # does not answer cannot take waits in journals for `python -m sweeper.sync`.
     store_wait_s: float = 10.0
+    # At the sweep's end, time again alone the points a scaling family's speedups would otherwise take
+    # from timings that had company (sweeper/retime.py).
+    retime: bool = True
 
 
 @dataclass

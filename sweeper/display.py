@@ -25,8 +25,8 @@ STATES = ("queued", "running", "done", "failed", "skipped", "cancelled")
 class Progress:
     """Counts of points by state with elapsed time; a live line on a terminal, else plain lines."""
 
-    def __init__(self, total: int) -> None:
-        self.total, self.t0, self.last = total, time.monotonic(), ""
+    def __init__(self, total: int, label: str = "sweep") -> None:
+        self.total, self.label, self.t0, self.last = total, label, time.monotonic(), ""
         self.live = Live(console=console, transient=True) if console.is_terminal else None
 
     def __enter__(self) -> Progress:
@@ -44,9 +44,9 @@ class Progress:
         if pending:
             text += "  (jobs pending: " + ", ".join(f"{n} {reason}" for reason, n in sorted(pending.items())) + ")"
         if self.live:
-            self.live.update(f"[bold]sweep[/bold] {text}  [dim]{time.monotonic() - self.t0:.0f} s[/dim]")
+            self.live.update(f"[bold]{self.label}[/bold] {text}  [dim]{time.monotonic() - self.t0:.0f} s[/dim]")
         elif text != self.last:
-            console.print(escape(f"[sweep {time.monotonic() - self.t0:6.1f} s] {text}"))  # brackets, not markup
+            console.print(escape(f"[{self.label} {time.monotonic() - self.t0:6.1f} s] {text}"))  # brackets, not markup
         self.last = text
 
 

@@ -64,8 +64,10 @@ class SweepRecord:
         runs = self.client.search_runs(
             [self.experiment_id], filter_string="attributes.status = 'FINISHED'", max_results=50000
         )
-        return {
-            r.data.tags[metrics.TAG_CONFIG_HASH]: r.info.run_id for r in runs if metrics.TAG_CONFIG_HASH in r.data.tags
+        return {  # a point's retiming (sweeper/retime.py) times it: it stands for no point's result
+            r.data.tags[metrics.TAG_CONFIG_HASH]: r.info.run_id
+            for r in runs
+            if metrics.TAG_CONFIG_HASH in r.data.tags and metrics.TAG_TIMED_AGAIN_FOR not in r.data.tags
         }
 
     def checkpointed(self, keys: dict[str, str]) -> dict[str, tuple[str, str, int]]:

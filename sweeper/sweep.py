@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig
 
-from sweeper import ahead, display, offline_report, records, search_flow, timeline
+from sweeper import ahead, display, offline_report, records, retime, search_flow, timeline
 from sweeper.collect import close_runs, spent
 from sweeper.config import validate_sweep
 from sweeper.early_report import EarlyReport
@@ -122,8 +122,15 @@ def run_sweep(
             display.console.print("[red]interrupted: the sweep's workers end their points[/red]")
             return 130
         raise
+    retimed = retime.Retimed()
+    if search is None and opts.retime and not flight.interrupted:
+        with phase("timed again alone"):
+            retimed = time_again_alone(record, runner, sweep_id, points, opts.poll_s)
+            flight.interrupted = retimed.interrupted
     with phase("collect"):
-        outcomes, away = close_runs(record, runner, sweep_id, points, done_before, flight, earlier, sweep_dir, opts)
+        outcomes, away = close_runs(
+            record, runner, sweep_id, points, done_before, flight, earlier, sweep_dir, opts, retimed.runs
+        )
         ok = all(o.status in display.ENDED_WELL for o in outcomes)
     with phase("report"):
         ended = "KILLED" if flight.interrupted else "FINISHED" if ok else "FAILED"
@@ -132,7 +139,7 @@ def run_sweep(
         report = write_report(record, sweep_dir, base.report.target, offline=None if away is None else ended)
         drawing.stop()
     display.summary(outcomes, report)  # with the report's speedups, diverged points and best
-    for h in spent(outcomes):  # beside the sweep's wall time
+    for h in spent(outcomes, retimed.runs):  # beside the sweep's wall time
         display.console.print(f"held: {h.said()}, over {time.time() - process_start():.1f} s of the sweep")
     if away is not None:
         said = str(away).splitlines()[0][:200]
@@ -144,6 +151,21 @@ def run_sweep(
     display.closing(report, record.uri, record.experiment_id, record.parent_id)
     timeline.write(sweep_dir)
     return 130 if flight.interrupted else 0 if ok and away is None else 1
+
+
+def time_again_alone(
+    record: SweepRecord, runner: Runner, sweep_id: str, points: list[Point], poll_s: float
+) -> retime.Retimed:
+    """The points whose scaling timings had company, timed again alone (sweeper/retime.py); its
+    failure fails no point (their runs are in the store): said in a line."""
+    try:
+        return retime.time_again(record, runner, sweep_id, points, poll_s)
+    except KeyboardInterrupt:  # outside its watch (which ends its jobs itself): the workers end too
+        runner.stop()
+        return retime.Retimed(interrupted=True)
+    except Exception as e:
+        display.console.print(f"[red]timing again alone failed[/red] ({e}); the points keep their own timings")
+        return retime.Retimed()
 
 
 def preflight(runner: Runner, points: list[Point], dry_run: bool) -> str:

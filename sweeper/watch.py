@@ -43,18 +43,19 @@ def watch(
     more: Callable[[Flight], list[Point]] | None = None,
     each: Callable[[Flight], None] | None = None,
     ahead: Flight | None = None,
+    label: str = "sweep",
 ) -> Flight:
     """Run ``todo`` to its end (or to an interrupt), and watch ``earlier`` (index -> (point, job)
     an earlier sweep left running) to theirs; ``total`` and ``skipped`` are for the counts.
     ``more``: a search's next points, asked at every step (sweeper/search.py); the watch ends once
     it gives none and nothing is queued or running. ``each``: called after every step (the runs
     warm workers handed off, sent). ``ahead``: ``todo``'s flight, started before the store was
-    open (sweeper/ahead.py)."""
+    open (sweeper/ahead.py). ``label``: the progress line's."""
     flight = ahead or Flight(list(todo), running=dict(earlier or {}), earlier=set(earlier or {}))
     flight.started = {**flight.started, **{i: p for i, (p, _job) in flight.running.items()}}
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
-        with display.Progress(total) as progress:
+        with display.Progress(total, label) as progress:
             while True:  # at least one step: with nothing to run, it tells early workers so
                 if more is not None:
                     with interrupts_held():

@@ -380,7 +380,7 @@ SLURM = ["launcher=slurm", "launcher.timeout_min=10"]  # ranks per node: the par
 @slurm
 def test_slurm_sweep_world_sizes_failures_and_resume(tmp_path, mlflow_uri):
     """The README's Slurm example on the one-node CI cluster (small data): ranks per node from the partition."""
-    args = ["hidden=512,1024", "nproc=1,2", "launcher=slurm", "launcher.timeout_min=30", *FAST]
+    args = ["hidden=512,1024", "nproc=1,2", "launcher=slurm", "launcher.timeout_min=30", *FAST, "sweep.retime=false"]
     result = sweep(args, tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     (parent,) = parents(mlflow_uri)
@@ -703,7 +703,7 @@ def test_a_sweep_totals_what_its_points_held(tmp_path, mlflow_uri):
     """#35: the parent run holds the sum of its points' core-seconds (GPU-seconds on GPUs), in all,
     training, and per nproc; the closing lines say the total beside the sweep's wall time, and the
     report's summary says it too."""
-    result = sweep(["hidden=16", "nproc=1,2", *FAST], tmp_path)
+    result = sweep(["hidden=16", "nproc=1,2", *FAST, "sweep.retime=false"], tmp_path)  # tests/test_retime.py: with
     assert result.returncode == 0, result.stdout + result.stderr
     (parent,) = parents(mlflow_uri)
     kids = children_of(mlflow_uri, parent.info.run_id)

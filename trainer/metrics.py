@@ -105,6 +105,28 @@ HOST_WAIT_S = "timing/host_wait_s"
 CORE_WAIT = "timing/core_wait"
 TAG_TIMING_POLICY = "sweepscale.timing_policy"
 TAG_GRAPHS = "sweepscale.graphs_captured"  # gpu.graph: the CUDA graphs the training replayed (one a phase and batch)
+# A run the sweeper started at the sweep's end to time a point again alone (sweeper/retime.py): the
+# id of the point's run, whose contended timings it stands for in the report (sweeper/report/study.py).
+TAG_TIMED_AGAIN_FOR = "sweepscale.timed_again_for"
+TAG_TIMED_AGAIN_BY = "sweepscale.timed_again_by"  # on the point's run, once that run FINISHED: its id
+# What a run's timings are: recorded from its timed batches, taken over by such a run.
+TIMING_TAGS = (
+    TAG_BESIDE,
+    TAG_ALONGSIDE,
+    TAG_TIMING_POLICY,
+    TAG_GRAPHS,
+    TAG_PEAK_TFLOPS,
+    TAG_PEAK_ARITHMETIC,
+    TAG_UTILIZATION_ERROR,
+)
+
+
+def timing_metric(key: str) -> bool:
+    """Whether ``key`` is one of a run's timing figures (its ms a batch, phases, interval, throughput,
+    what ran beside), as opposed to what it trained (loss, precision) or held (resources)."""
+    if key in (EPOCH_TIME, TIME_TO_FIRST_BATCH):  # wall times of its own epochs and start
+        return False
+    return key.startswith(("time/", "timing/", "perf/"))
 
 
 def phase_time(phase: str) -> str:

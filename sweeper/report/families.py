@@ -200,6 +200,18 @@ def contended(p: Any) -> bool:
     return bool(company(p))
 
 
+def to_time_alone(points: Sequence[Any]) -> list[int]:
+    """The points to time again alone (indices): in every scaling family, each nproc none of whose
+    points was timed alone gives its first point; the others' speedups rest on no contended time."""
+    chosen: set[int] = set()
+    for family in families([p.config for p in points]):
+        by_nproc: dict[int, list[int]] = {}
+        for i in family.members:
+            by_nproc.setdefault(points[i].nproc, []).append(i)
+        chosen.update(idx[0] for idx in by_nproc.values() if all(contended(points[i]) for i in idx))
+    return sorted(chosen)
+
+
 def family_rows(points: Sequence[Any], family: Family) -> list[Scaling]:
     """The family's scaling figures, one row per nproc, from its points' own timings (by index)."""
     by_nproc: dict[int, list[int]] = {}

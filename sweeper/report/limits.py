@@ -47,7 +47,9 @@ def limit(family: Family, rows: Sequence[Scaling]) -> str:
     work = f"{n:g} rows" if n else "its rows"
     said = f"{cause} limits the speedup"
     noisy = last.efficiency_hi >= 1 and last.efficiency_lo < IDEAL_WITHIN
-    if last.efficiency_hi >= 1:  # nothing lost beyond the noise: no limit to name
+    if last.efficiency_lo >= 1:  # faster than ideal beyond the noise: nothing lost (the flags weigh it)
+        said = "no time is lost against the ideal"
+    elif last.efficiency_hi >= 1:  # nothing lost beyond the noise: no limit to name
         said = (
             "its timing noise is too wide to name a limit" if noisy else "the speedup is ideal within the timing noise"
         )

@@ -66,6 +66,7 @@ def csv_rows(points: list[Point], axis: list[str], fams: list, finished: list[Po
                 "alongside": p.tags.get(metrics.TAG_ALONGSIDE, ""),
                 "core_wait": m.get(metrics.CORE_WAIT, ""),
                 "timed_alone": "no" if contended(p) else "yes",
+                "timed_again_by": p.tags.get(metrics.TAG_TIMED_AGAIN_BY, ""),  # the run its timings are from
                 "warm": p.tags.get(metrics.TAG_WARM, ""),
                 "worker": p.tags.get(metrics.TAG_WORKER, ""),
             }

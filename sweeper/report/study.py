@@ -128,27 +128,47 @@ def _series(client: Any, run_id: str, key: str) -> list[tuple[int, float]]:
     return sorted((m.step, m.value) for m in client.get_metric_history(run_id, key))
 
 
-def load_point(client: Any, run: Any, name: str, reused: bool = False) -> Point:
-    rid = run.info.run_id
-    config = {k: typed(v) for k, v in run.data.params.items() if not k.startswith(BOOKKEEPING)}
-    repeats = [v for _s, v in _series(client, rid, metrics.BATCH_MS_REPEAT)]
+def point_of(run: Any, name: str, reused: bool = False) -> Point:
+    """A point as its run's summary holds it: config, last metrics and tags, no series."""
     return Point(
         name=name,
-        run_id=rid,
+        run_id=run.info.run_id,
         sweep_id=run.data.tags.get(metrics.TAG_SWEEP_ID, ""),
         status=run.info.status,
-        config=config,
+        config={k: typed(v) for k, v in run.data.params.items() if not k.startswith(BOOKKEEPING)},
         metrics=dict(run.data.metrics),
         tags=dict(run.data.tags),
-        loss=_series(client, rid, metrics.TRAIN_LOSS),
-        loss_epoch=_series(client, rid, metrics.TRAIN_LOSS_EPOCH),
-        precision=_series(client, rid, metrics.TEST_PRECISION),
-        epoch_s=_series(client, rid, metrics.EPOCH_TIME),
-        batch_ms_repeats=repeats,
         reused=reused,
         start_ms=run.info.start_time,
         end_ms=run.info.end_time,
     )
+
+
+def load_point(client: Any, run: Any, name: str, reused: bool = False) -> Point:
+    """The point with its series; with the timings of the run that timed it again alone, where the
+    sweep did (sweeper/retime.py)."""
+    point, rid = point_of(run, name, reused), run.info.run_id
+    point.loss = _series(client, rid, metrics.TRAIN_LOSS)
+    point.loss_epoch = _series(client, rid, metrics.TRAIN_LOSS_EPOCH)
+    point.precision = _series(client, rid, metrics.TEST_PRECISION)
+    point.epoch_s = _series(client, rid, metrics.EPOCH_TIME)
+    point.batch_ms_repeats = [v for _s, v in _series(client, rid, metrics.BATCH_MS_REPEAT)]
+    again = point.tags.get(metrics.TAG_TIMED_AGAIN_BY)
+    if again:
+        alone = client.get_run(again)
+        repeats = [v for _s, v in _series(client, again, metrics.BATCH_MS_REPEAT)]
+        point = timed_again(point, alone, repeats)
+    return point
+
+
+def timed_again(point: Point, alone: Any, repeats: list[float]) -> Point:
+    """``point`` with the timing figures (and their tags) of ``alone``, the run that timed it again
+    alone at its sweep's end; what it trained and held stays its own."""
+    own = {k: v for k, v in point.metrics.items() if not metrics.timing_metric(k)}
+    taken = {k: v for k, v in alone.data.metrics.items() if metrics.timing_metric(k)}
+    tags = {k: v for k, v in point.tags.items() if k not in metrics.TIMING_TAGS}
+    tags.update({k: v for k, v in alone.data.tags.items() if k in metrics.TIMING_TAGS})
+    return replace(point, metrics=own | taken, tags=tags, batch_ms_repeats=repeats)
 
 
 def load_sweep(run: Any) -> Sweep:
@@ -192,7 +212,11 @@ def load(client: Any, parents: list[Any]) -> Study:
             filter_string=f"tags.`{metrics.TAG_SWEEP_ID}` = '{sweep.sweep_id}'",
             max_results=50000,
         )
-        own = {r.info.run_name: r for r in children if r.info.run_id != parent.info.run_id}
+        own = {
+            r.info.run_name: r
+            for r in children
+            if r.info.run_id != parent.info.run_id and metrics.TAG_TIMED_AGAIN_FOR not in r.data.tags
+        }
         planned = planned_points(client, parent.info.run_id)
         if planned is None:  # no list: every child is a point
             planned = [{"name": n} for n in sorted(own)]

@@ -204,10 +204,12 @@ class SlurmRunner:
         return started
 
     def _start_warm(self, queued: list[Point]) -> list[tuple[Point, Job]]:
-        """The first call queues the points in chunks and submits one array per shape; later calls
-        resubmit a chunk whose worker died with points left."""
+        """Points not seen before are queued in chunks, one array per shape; later calls resubmit a
+        chunk whose worker died with points left."""
         pool = self.pool
-        fresh = pool.add(queued, chunk=self.launcher.points_per_job) if not pool.queues else []
+        known = {p.index for q in pool.queues for p in q.points}
+        new = [p for p in queued if p.index not in known]  # a later round's points too (sweeper/retime.py)
+        fresh = pool.add(new, chunk=self.launcher.points_per_job) if new else []
         pool.ended_workers()
         again = [q for q in pool.queues if q not in fresh and not q.live() and pool.needs_workers(q)]
         by_shape: dict[Shape, list[Queue]] = {}
