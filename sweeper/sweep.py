@@ -30,7 +30,7 @@ from sweeper.runners.base import Runner, SchedulerAwayError, make_runner
 from sweeper.runners.earlier import EarlierJob
 from sweeper.runners.warm import withdraw_unclaimed
 from sweeper.timeline import phase
-from sweeper.watch import Flight, watch
+from sweeper.watch import Flight, interrupts_noted, watch
 from trainer import data, limits, metrics
 from trainer.core.clock import process_start
 from trainer.record import journal, provenance, store, uri_check
@@ -127,30 +127,31 @@ def run_sweep(
         with phase("timed again alone"):
             retimed = time_again_alone(record, runner, sweep_id, points, opts.poll_s)
             flight.interrupted = retimed.interrupted
-    with phase("collect"):
-        outcomes, away = close_runs(
-            record, runner, sweep_id, points, done_before, flight, earlier, sweep_dir, opts, retimed.runs
-        )
-        ok = all(o.status in display.ENDED_WELL for o in outcomes)
-    with phase("report"):
-        ended = "KILLED" if flight.interrupted else "FINISHED" if ok else "FAILED"
-        if early is not None:
-            early.wait()
-        report = write_report(record, sweep_dir, base.report.target, offline=None if away is None else ended)
-        drawing.stop()
-    display.summary(outcomes, report)  # with the report's speedups, diverged points and best
-    for h in spent(outcomes, retimed.runs):  # beside the sweep's wall time
-        display.console.print(f"held: {h.said()}, over {time.time() - process_start():.1f} s of the sweep")
-    if away is not None:
-        said = str(away).splitlines()[0][:200]
-        display.console.print(
-            f"[red]the tracking server at {uri} did not answer[/red] ({said}): what it lacks waits in journals "
-            f"under {sweep_dir} (the report below is built from them); when it is back, python -m sweeper.sync "
-            f"{sweep_dir} sends it and writes the report again from there"
-        )
-    display.closing(report, record.uri, record.experiment_id, record.parent_id)
-    timeline.write(sweep_dir)
-    return 130 if flight.interrupted else 0 if ok and away is None else 1
+    with interrupts_noted() as stopped:  # from here a signal waits for the sweep's end: then 130
+        with phase("collect"):
+            outcomes, away = close_runs(
+                record, runner, sweep_id, points, done_before, flight, earlier, sweep_dir, opts, retimed.runs
+            )
+            ok = all(o.status in display.ENDED_WELL for o in outcomes)
+        with phase("report"):
+            ended = "KILLED" if flight.interrupted else "FINISHED" if ok else "FAILED"
+            if early is not None:
+                early.wait()
+            report = write_report(record, sweep_dir, base.report.target, offline=None if away is None else ended)
+            drawing.stop()
+        display.summary(outcomes, report)  # with the report's speedups, diverged points and best
+        for h in spent(outcomes, retimed.runs):  # beside the sweep's wall time
+            display.console.print(f"held: {h.said()}, over {time.time() - process_start():.1f} s of the sweep")
+        if away is not None:
+            said = str(away).splitlines()[0][:200]
+            display.console.print(
+                f"[red]the tracking server at {uri} did not answer[/red] ({said}): what it lacks waits in journals "
+                f"under {sweep_dir} (the report below is built from them); when it is back, python -m sweeper.sync "
+                f"{sweep_dir} sends it and writes the report again from there"
+            )
+        display.closing(report, record.uri, record.experiment_id, record.parent_id)
+        timeline.write(sweep_dir)
+    return 130 if flight.interrupted or stopped else 0 if ok and away is None else 1
 
 
 def time_again_alone(

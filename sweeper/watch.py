@@ -137,6 +137,24 @@ def interrupts_held() -> Iterator[None]:
         raise KeyboardInterrupt
 
 
+@contextlib.contextmanager
+def interrupts_noted() -> Iterator[list[int]]:
+    """Ctrl-C and SIGTERM while the sweep ends (its outcomes, report and closing lines): noted in the
+    list yielded, said in a line, and the end goes on; the sweep then exits 130."""
+    seen: list[int] = []
+
+    def note(signum: int, _frame: Any) -> None:
+        seen.append(signum)
+        display.console.print("[red]interrupted: the sweep's end (its table and report) first, a moment[/red]")
+
+    held = {s: signal.signal(s, note) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield seen
+    finally:
+        for s, handler in held.items():
+            signal.signal(s, handler)
+
+
 def _interrupt(_signum: int, _frame: Any) -> None:
     raise KeyboardInterrupt
 

@@ -8,6 +8,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -669,34 +670,84 @@ def test_the_headline_grid_at_defaults_converges_on_the_embedded_digits(tmp_path
         assert row["check"] == "done" and float(row["weight_error_max"]) < 1e-3
 
 
+def sigint_ignored(pid: int) -> bool:
+    """Whether process ``pid`` ignores SIGINT now (bit 1 of its SigIgn mask)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("SigIgn:"):
+            return bool(int(line.split()[1], 16) & 1 << (signal.SIGINT - 1))
+    return False
+
+
+def lines_of(proc: subprocess.Popen) -> list[str]:
+    """Its output's lines so far, read by a thread (a wait on them has a deadline, never a read)."""
+    lines: list[str] = []
+    threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True).start()
+    return lines
+
+
 def test_ctrl_c_twice_at_the_terminal_says_it_in_lines_not_tracebacks(tmp_path, mlflow_uri):
     """#33 item 10: a terminal's Ctrl-C reaches its whole foreground process group (here the
     sweeper's own session), twice: one line for each, no traceback from any process the sweep
-    started, and every run ended KILLED."""
+    started, and every run ended KILLED. #47: the sweeper started with SIGINT ignored (nohup, a test
+    harness) hears it all the same, and never ignores it itself (its drawing children do)."""
     runs(mlflow_uri)  # create the store first: polling must not race the sweeper's schema set-up
     cmd = [sys.executable, "-m", "sweeper", "-m", "hidden=8,16", "epochs=100000", "data.n_train=200"]
     proc = subprocess.Popen(
-        cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+        cmd,
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
     )  # two workers, a core each: both points train when the Ctrl-C comes
-    deadline = time.time() + 120
-    while (
-        time.time() < deadline
-        and sum(r.info.status == "RUNNING" and "mlflow.parentRunId" in r.data.tags for r in runs(mlflow_uri)) < 2
-    ):
-        time.sleep(0.5)
-    os.killpg(proc.pid, signal.SIGINT)
-    lines = []
-    for line in proc.stdout:  # the second as soon as the first is heard: the cleanup may take well under a second
-        lines.append(line)
-        if "interrupted" in line:
-            os.killpg(proc.pid, signal.SIGINT)
+    lines = lines_of(proc)
+    deadline, ignored = time.time() + 120, []
+    while time.time() < deadline and proc.poll() is None:
+        if any(line.startswith("sweep ") for line in lines):  # its parent run: well past its signals' set-up
+            ignored.append(sigint_ignored(proc.pid))
+        if sum(r.info.status == "RUNNING" and "mlflow.parentRunId" in r.data.tags for r in runs(mlflow_uri)) == 2:
             break
-    out = "".join(lines) + proc.communicate(timeout=90)[0]
+        time.sleep(0.05)
+    assert ignored and not any(ignored), f"SIGINT ignored in {sum(ignored)} of {len(ignored)} looks"
+    os.killpg(proc.pid, signal.SIGINT)
+    deadline = time.time() + 90
+    while time.time() < deadline and not any("interrupted" in line for line in lines):
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGINT)  # the second as soon as the first is heard: the cleanup may take under a second
+    try:
+        proc.wait(timeout=90)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        pytest.fail("the sweep did not end 90 s after two Ctrl-C:\n" + "".join(lines))
+    time.sleep(0.5)  # the reader's last lines
+    out = "".join(lines)
     assert proc.returncode == 130, out
     assert "Traceback" not in out and "KeyboardInterrupt" not in out, out
-    assert "interrupted: cancelling the sweep's jobs" in out and "still cleaning up" in out, out
+    assert "interrupted: cancelling the sweep's jobs" in out, out
     statuses = sorted(r.info.status for r in runs(mlflow_uri))
     assert statuses == ["KILLED"] * 3, statuses  # the parent and both points, nothing RUNNING
+
+
+def test_sigterm_before_any_worker_started_ends_the_sweep_in_a_line(tmp_path, mlflow_uri):
+    """#47: SIGTERM in a sweep's first second (composing, planning) ended the sweeper at once
+    (rc -15); it ends it 130 in a line, with nothing recorded RUNNING."""
+    runs(mlflow_uri)
+    cmd = [sys.executable, "-m", "sweeper", "-m", "hidden=8,16,24,32", *FAST]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = lines_of(proc)
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=90)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        pytest.fail("the sweep did not end 90 s after SIGTERM:\n" + "".join(lines))
+    time.sleep(0.5)
+    out = "".join(lines)
+    assert proc.returncode == 130, out
+    assert "interrupted" in out and "Traceback" not in out, out
+    assert not [r for r in runs(mlflow_uri) if r.info.status == "RUNNING"]
 
 
 def test_a_sweep_totals_what_its_points_held(tmp_path, mlflow_uri):

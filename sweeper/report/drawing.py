@@ -41,15 +41,9 @@ def warm_up(workers: int | None = None, early: bool = False) -> None:
     if _pool is not None or n < 1 or (early and not _spare_cores()):
         return
     _workers = n
-    # The children start with SIGINT ignored (an ignored signal stays so across exec): a terminal's
-    # Ctrl-C reaches its whole process group, and the sweeper, not they, ends the sweep.
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        _pool = ProcessPoolExecutor(n, multiprocessing.get_context("spawn"), initializer=_imports)
-        for _ in range(n):
-            _pool.submit(int)  # each child starts, and imports, now
-    finally:
-        signal.signal(signal.SIGINT, previous)
+    _pool = ProcessPoolExecutor(n, multiprocessing.get_context("spawn"), initializer=_imports)
+    for _ in range(n):
+        _pool.submit(int)  # each child starts, and imports, now
 
 
 def warm_up_here() -> None:
@@ -80,6 +74,9 @@ def _imports_here() -> None:
 
 
 def _imports() -> None:
+    # A terminal's Ctrl-C reaches the whole process group: the sweeper, not they, ends the sweep. Set
+    # here, in the child: the sweeper's own disposition never changes, or a Ctrl-C meanwhile were lost.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     # A child ends without the teardown of matplotlib's modules: 0.15 s the sweep's end waited for.
     atexit.register(os._exit, 0)
     if sys.platform == "linux":  # SIGTERM when the sweeper is gone (SIGKILLed, it shuts down no pool)
