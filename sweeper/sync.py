@@ -23,7 +23,8 @@ PARENT = f"{PARENT_JOURNAL}/{journal.FILE}"  # where a sweep journals its parent
 
 
 def sync(folders: list[Path]) -> int:
-    """Send every journal under ``folders``; 0 when all are sent, 1 when one could not be."""
+    """Send every journal under ``folders``; 0 when all are sent, 1 when one could not be or
+    refused a line (an artifact outside its folder)."""
     sweeps = [(j.parent.parent, journal.Journal(j.parent).header()) for f in folders for j in Path(f).rglob(PARENT)]
     results = [r for folder in folders for r in journal.send_left(folder)]
     for path, what in results:
@@ -33,7 +34,7 @@ def sync(folders: list[Path]) -> int:
     for sweep_dir, header in sweeps:  # read before sending: a journal sent in full is removed
         if not any(sweep_dir.rglob(journal.FILE)):  # all of the sweep is in the store now
             write_report(sweep_dir, header["uri"], header["run_id"])
-    return int(any(what.startswith("not sent") for _, what in results))
+    return int(any(what.startswith("not sent") or "refused" in what for _, what in results))
 
 
 def write_report(sweep_dir: Path, uri: str, parent_id: str) -> None:

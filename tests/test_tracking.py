@@ -327,7 +327,30 @@ def test_a_crafted_journal_cannot_upload_files_outside_its_folder(mlflow_uri, tm
     result = subprocess.run(
         [sys.executable, "-m", "sweeper.sync", str(tmp_path / "multirun")], capture_output=True, text=True, timeout=120
     )
-    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.returncode == 1, result.stdout + result.stderr  # sent, but not all of it: said, rc 1
     assert result.stderr.count("journal line refused: artifact") == 4
+    assert "4 line(s) refused" in result.stdout, result.stdout
     assert [a.path for a in client.list_artifacts(run_id)] == ["weights.npz"]
     assert client.get_run(run_id).info.status == "FINISHED" and not (point / journal.FILE).exists()
+
+
+def test_a_journal_whose_files_folder_is_a_link_uploads_nothing_outside(mlflow_uri, tmp_path):
+    """#47: `journal_files/` itself a link to another folder: its files were taken as the journal's."""
+    from trainer.record import journal
+
+    client = store.client(mlflow_uri)
+    run_id = client.create_run(store.ensure_experiment(client, mlflow_uri, "sweepscale")).info.run_id
+    point, elsewhere = tmp_path / "multirun" / "0", tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "hostname").write_text("not the run's")
+    j = journal.Journal(point, mlflow_uri, run_id)
+    (point / journal.FILES).symlink_to(elsewhere, target_is_directory=True)
+    j.append({"op": "artifact", "name": "hostname"})
+    j.append({"op": "end", "status": "FINISHED"})
+    result = subprocess.run(
+        [sys.executable, "-m", "sweeper.sync", str(tmp_path / "multirun")], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "journal line refused: artifact 'hostname'" in result.stderr and "1 line(s) refused" in result.stdout
+    assert client.list_artifacts(run_id) == []
+    assert client.get_run(run_id).info.status == "FINISHED" and (elsewhere / "hostname").exists()

@@ -59,6 +59,7 @@ class Journal:
         tags and start), for a report built from the journal alone."""
         self.folder = Path(folder)
         self.path, self.sent_path = self.folder / FILE, self.folder / SENT
+        self.refused: list[str] = []  # the lines this process's sends refused (sweeper.sync says them)
         self._lock = threading.Lock()
         if uri is not None:
             self.folder.mkdir(parents=True, exist_ok=True)
@@ -164,7 +165,8 @@ class Journal:
             if deadline is not None and time.monotonic() > deadline:
                 return False
             for entry in entries:
-                apply(client, run_id, entry, self.folder / FILES)
+                if refused := apply(client, run_id, entry, self.folder / FILES):
+                    self.refused.append(refused)
                 ended = ended or entry["op"] == "close" or (entry["op"] == "end" and entry.get("close", True))
             tmp = self.sent_path.with_suffix(".tmp")
             tmp.write_text(str(offset))
@@ -204,8 +206,8 @@ def _chunks(lines: list[tuple[int, dict[str, Any]]]) -> Iterator[tuple[int, list
         yield last, ([batch] if size else []) + others
 
 
-def apply(client: Any, run_id: str, entry: dict[str, Any], files: Path) -> None:
-    """One journal line, written to the store."""
+def apply(client: Any, run_id: str, entry: dict[str, Any], files: Path) -> str:
+    """One journal line, written to the store; why it was refused, else ""."""
     from mlflow.entities import Metric, Param, RunTag
 
     op = entry["op"]
@@ -230,13 +232,16 @@ def apply(client: Any, run_id: str, entry: dict[str, Any], files: Path) -> None:
         client.log_text(run_id, entry["text"], entry["name"])
     elif op == "artifact":
         path = (files / entry["name"]).resolve()
-        if path.parent != files.resolve():  # only what keep_file copied: a journal must not name other files
-            print(f"journal line refused: artifact {entry['name']!r} is not in {files}", file=sys.stderr)
-            return
+        # Only what keep_file copied: no other file named, nor the folder itself a link elsewhere.
+        if files.is_symlink() or path.parent != files.parent.resolve() / files.name:
+            said = f"artifact {entry['name']!r} is not in {files}"
+            print(f"journal line refused: {said}", file=sys.stderr)
+            return said
         client.log_artifact(run_id, str(path))
     elif op == "end":
         client.set_terminated(run_id, entry["status"], end_time=entry.get("end_ms"))  # when it ended, not when sent
     # "close": nothing to write, the journal is done
+    return ""
 
 
 class Sender(threading.Thread):
@@ -284,7 +289,9 @@ def send_left(folder: str | os.PathLike) -> list[tuple[Path, str]]:
             continue
         try:
             ended = journal.send(client(uri))
-            out.append((path, "sent" if ended else "sent, run still open"))
+            what = "sent" if ended else "sent, run still open"
+            refused = f"; {len(journal.refused)} line(s) refused ({journal.refused[0]})" if journal.refused else ""
+            out.append((path, what + refused))
         except Exception as e:
             if server_away(e):
                 away.add(uri)
