@@ -503,16 +503,17 @@ def test_a_pending_job_shows_as_pending_with_slurms_reason(tmp_path, mlflow_uri)
     """A job that may not start yet (sbatch --begin) pends: the progress says so and why; Ctrl-C ends it."""
     cmd = [sys.executable, "-m", "sweeper", "-m", "hidden=8", *FAST, *SLURM, "+launcher.sbatch_args.begin=now+1hour"]
     proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    seen = []
+    seen = lines_of(proc)
     try:
-        for line in proc.stdout:
-            seen.append(line)
-            if "(jobs pending: 1 BeginTime)" in line:
-                proc.send_signal(signal.SIGINT)
-                break
-        out = "".join(seen) + proc.communicate(timeout=90)[0]
+        deadline = time.time() + 120
+        while time.time() < deadline and not any("(jobs pending: 1 BeginTime)" in line for line in seen):
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=90)
     finally:
         proc.kill()
+    time.sleep(0.5)  # the reader's last lines
+    out = "".join(seen)
     assert "(jobs pending: 1 BeginTime)" in out and proc.returncode == 130, out
     assert [r.info.status for r in runs(mlflow_uri)] == ["KILLED"]  # the parent; no child ever started
     jobs = [d.name for d in tmp_path.glob("multirun/*/*/.submitit/*") if d.name[0].isdigit()]
