@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import itertools
 import shlex
 import socket
 import statistics
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.browser import is_blank, page_text, render
-from tests.conftest import NO_TIMING_FLOOR
+from tests.conftest import NO_TIMING_FLOOR, recorded_parent
 from tests.test_sweeper import children_of, parents, sweep
 from trainer import metrics
 from trainer.record import store
@@ -230,3 +231,29 @@ def test_the_weight_errors_figure_is_kept_while_its_errors_are_unchanged(tmp_pat
     assert again is first and out.stat().st_mtime_ns == drawn
     other = drawing.draw(convergence.weight_error, [p.only_check() for p in points("late", 2e-6)], ["hidden"], out)
     assert other is not first and other.result() == out and out.stat().st_mtime_ns != drawn
+
+
+def test_a_report_reads_a_long_runs_history_sampled(tmp_path):
+    """#47: a run that logged its loss at each of 10^6 steps (written straight into the real SQLite
+    store: through MLflow it would take minutes) is read as at most SAMPLED values, its first and
+    last among them, and its last epoch's; the sweep's report stays a figure's worth of reading."""
+    import sqlite3
+
+    from sweeper.report.study import SAMPLED, load_point
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client, _exp, parent, tags = recorded_parent(uri, "longrun", "sweep long", "epochs=100")
+    run = client.create_run(_exp, run_name="long", tags={**tags, metrics.TAG_PARENT: parent}).info.run_id
+    client.log_metric(run, metrics.TEST_PRECISION, 0.9, step=100)
+    n = 1_000_000
+    with sqlite3.connect(tmp_path / "mlflow.db") as db:
+        rows = ((metrics.TRAIN_LOSS, 2.3 / (1 + s), 1_700_000_000_000 + s, run, s, 0) for s in range(n))
+        db.executemany("INSERT INTO metrics (key, value, timestamp, run_uuid, step, is_nan) VALUES (?,?,?,?,?,?)", rows)
+    t0 = time.perf_counter()
+    point = load_point(client, client.get_run(run), "long")
+    took = time.perf_counter() - t0
+    assert len(point.loss) <= SAMPLED and point.loss[0][0] == 0 and point.loss[-1][0] == n - 1, len(point.loss)
+    steps = [s for s, _v in point.loss]
+    assert max(b - a for a, b in itertools.pairwise(steps)) <= 2 * n / SAMPLED  # spread over the whole run
+    assert point.precision == [(100, 0.9)] and point.diverged is None
+    print(f"10^6 loss steps read sampled in {took:.2f} s")  # docs/benchmarks.md: the same, timed

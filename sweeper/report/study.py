@@ -16,6 +16,7 @@ from sweeper.report.analysis import Divergence, divergence
 from trainer import metrics
 
 POINTS_ARTIFACT = "points.json"
+SAMPLED = 2000  # values of one metric's history a report reads at most (a loss logged every step: 10^6)
 CHECK_TAGS = (metrics.TAG_CHECK, metrics.TAG_REFERENCE, metrics.TAG_REFERENCE_KEY)  # set when a check lands
 # Config keys that say where a run is recorded or how it is started, not what it computes.
 BOOKKEEPING = ("mlflow.", "mpi.", "check.cache_dir", "fault.", "profile", "save.checkpoint_dir", "save.progress_dir")
@@ -124,8 +125,14 @@ def typed(text: str) -> Any:
     return text
 
 
-def _series(client: Any, run_id: str, key: str) -> list[tuple[int, float]]:
-    return sorted((m.step, m.value) for m in client.get_metric_history(run_id, key))
+def series(client: Any, run_id: str, key: str, most: int = SAMPLED) -> list[tuple[int, float]]:
+    """A metric's (step, value) history, ``most`` values at most, evenly spread with its first and
+    last: a figure's worth, whatever the run's length. A SQL store samples it in the database; a
+    store that cannot reads it whole and keeps as many (MLflow's own fallback)."""
+    store = getattr(getattr(client, "_tracking_client", None), "store", None)  # MlflowClient has no public door
+    if store is None or not hasattr(store, "get_metric_history_bulk_interval"):
+        return sorted((m.step, m.value) for m in client.get_metric_history(run_id, key))
+    return sorted((m.step, m.value) for m in store.get_metric_history_bulk_interval([run_id], key, most, None, None))
 
 
 def point_of(run: Any, name: str, reused: bool = False) -> Point:
@@ -148,15 +155,15 @@ def load_point(client: Any, run: Any, name: str, reused: bool = False) -> Point:
     """The point with its series; with the timings of the run that timed it again alone, where the
     sweep did (sweeper/retime.py)."""
     point, rid = point_of(run, name, reused), run.info.run_id
-    point.loss = _series(client, rid, metrics.TRAIN_LOSS)
-    point.loss_epoch = _series(client, rid, metrics.TRAIN_LOSS_EPOCH)
-    point.precision = _series(client, rid, metrics.TEST_PRECISION)
-    point.epoch_s = _series(client, rid, metrics.EPOCH_TIME)
-    point.batch_ms_repeats = [v for _s, v in _series(client, rid, metrics.BATCH_MS_REPEAT)]
+    point.loss = series(client, rid, metrics.TRAIN_LOSS)
+    point.loss_epoch = series(client, rid, metrics.TRAIN_LOSS_EPOCH)
+    point.precision = series(client, rid, metrics.TEST_PRECISION)
+    point.epoch_s = series(client, rid, metrics.EPOCH_TIME)
+    point.batch_ms_repeats = [v for _s, v in series(client, rid, metrics.BATCH_MS_REPEAT)]
     again = point.tags.get(metrics.TAG_TIMED_AGAIN_BY)
     if again:
         alone = client.get_run(again)
-        repeats = [v for _s, v in _series(client, again, metrics.BATCH_MS_REPEAT)]
+        repeats = [v for _s, v in series(client, again, metrics.BATCH_MS_REPEAT)]
         point = timed_again(point, alone, repeats)
     return point
 
