@@ -46,6 +46,11 @@ def check(opts: SearchOptions) -> None:
     """ConfigError naming the key and the fix, before anything starts."""
     if opts.n_trials < 1:
         raise ConfigError(f"hydra.sweeper.n_trials={opts.n_trials}: a search needs at least 1 trial")
+    if opts.objective not in (*metrics.OBJECTIVES, TIME_TO_TARGET):
+        raise ConfigError(
+            f"hydra.sweeper.objective={opts.objective}: no run records it; use one of "
+            f"{', '.join((*metrics.OBJECTIVES, TIME_TO_TARGET))}"
+        )
     if opts.pruner != "none" and opts.objective not in progress_keys():
         raise ConfigError(
             f"hydra.sweeper.pruner={opts.pruner} judges a trial by its objective each epoch, and "

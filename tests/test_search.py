@@ -268,8 +268,10 @@ def test_a_run_stops_when_its_sweep_asks(idx_dir, mlflow_uri, tmp_path):
         (["launcher.warm=false"], "use launcher=local (launcher.warm=true, the default)"),
         (["nproc=1,3"], "nproc=3 needs 3 CPU cores but this machine has 2"),
         (["hydra.sweeper.n_trail=3"], "Key 'n_trail' not in 'SearchSweeperConfig'"),
+        (["hydra.sweeper.objective=bogus"], "hydra.sweeper.objective=bogus: no run records it; use one of"),
+        (["reg=interval(0.5,0.01)"], "reg=interval(0.5,0.01): an interval runs from its low end to a higher one"),
     ],
-    ids=["threshold", "objective", "trials", "target", "cold", "nproc", "unknown-key"],
+    ids=["threshold", "objective", "trials", "target", "cold", "nproc", "unknown-key", "bogus-objective", "reversed"],
 )
 def test_a_search_refused_before_anything_starts(extra, said, tmp_path, mlflow_uri):
     space = [a for a in SPACE if not (a.startswith("nproc=") and any(e.startswith("nproc=") for e in extra))]

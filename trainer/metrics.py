@@ -121,6 +121,10 @@ TIMING_TAGS = (
 )
 
 
+# What every finished run records (its last value): what a search may take as its objective.
+OBJECTIVES = (TEST_PRECISION, TRAIN_LOSS, TRAIN_LOSS_EPOCH, EPOCH_TIME, SAMPLES_PER_S, TFLOPS, "time/batch_ms")
+
+
 def timing_metric(key: str) -> bool:
     """Whether ``key`` is one of a run's timing figures (its ms a batch, phases, interval, throughput,
     what ran beside), as opposed to what it trained (loss, precision) or held (resources)."""
