@@ -53,7 +53,12 @@ def write_report(sweep_dir: Path, uri: str, parent_id: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m sweeper.sync", description=__doc__.split("\n\n")[0])
     parser.add_argument("folders", nargs="*", type=Path, default=[Path("multirun")], help="sweep or point folders")
-    return sync(parser.parse_args(argv).folders)
+    folders = parser.parse_args(argv).folders
+    for folder in folders:  # a typo must not read as "nothing to send"
+        if not folder.is_dir():
+            what = "is a file, not a folder" if folder.exists() else "does not exist"
+            parser.error(f"{folder} {what}: name a sweep's folder (multirun/DATE/TIME) or a point's")
+    return sync(folders)
 
 
 if __name__ == "__main__":

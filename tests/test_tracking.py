@@ -354,3 +354,15 @@ def test_a_journal_whose_files_folder_is_a_link_uploads_nothing_outside(mlflow_u
     assert "journal line refused: artifact 'hostname'" in result.stderr and "1 line(s) refused" in result.stdout
     assert client.list_artifacts(run_id) == []
     assert client.get_run(run_id).info.status == "FINISHED" and (elsewhere / "hostname").exists()
+
+
+def test_sync_of_a_folder_that_is_not_there_says_so(tmp_path):
+    """#47: `python -m sweeper.sync /nonexistent` answered "nothing to send" with rc 0."""
+    (tmp_path / "a_file").write_text("")
+    for target, said in (("nonexistent", "does not exist"), ("a_file", "is a file, not a folder")):
+        result = subprocess.run(
+            [sys.executable, "-m", "sweeper.sync", str(tmp_path / target)], capture_output=True, text=True, timeout=120
+        )
+        assert result.returncode == 2 and said in result.stderr, result.stdout + result.stderr
+        assert "nothing to send" not in result.stdout
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file"]  # nothing created
