@@ -52,7 +52,9 @@ def distribution(override: Override) -> Any:
         low, high, log = value.start, value.end, "log" in value.tags
         if low >= high:
             said = override.input_line.split("=", 1)[1]
-            raise ConfigError(f"{key}={said}: an interval runs from its low end to a higher one, e.g. interval(0.01,0.5)")
+            raise ConfigError(
+                f"{key}={said}: an interval runs from its low end to a higher one, e.g. interval(0.01,0.5)"
+            )
         if log and low <= 0:
             raise ConfigError(f"{key}={override.input_line.split('=', 1)[1]}: a log scale needs a low end above 0")
         if "int" in value.tags:

@@ -65,7 +65,9 @@ def status_rows(client: Any, parent: Any) -> list[tuple[str, str, str]]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m sweeper.status", description=__doc__.split("\n")[0])
-    parser.add_argument("sweep", nargs="?", default="latest", metavar="SWEEP_ID", help="a sweep id, or 'latest'")
+    parser.add_argument(
+        "sweep", nargs="?", default="latest", metavar="SWEEP_ID", help="a sweep id, 'latest', or a sweep's folder"
+    )
     store_arguments(parser)
     parser.add_argument("--report", action="store_true", help="also build the report of what has finished so far")
     args = parser.parse_args(argv)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -48,3 +49,21 @@ def test_status_shows_a_running_sweeps_points_from_another_terminal(idx_dir, mlf
     assert result.returncode == 0, result.stderr
     assert "finished 2  of 2" in result.stdout and "(FINISHED)" in result.stdout
     assert result.stdout.count("loss ") == 2
+
+
+@pytest.mark.parametrize("command", ["sweeper.status", "sweeper.report"])
+def test_a_folder_or_store_that_is_no_sweeps_is_said_and_nothing_is_created(command, tmp_path):
+    """#47: status and report on a missing folder answered "no experiment 'sweepscale'" and left an
+    empty store behind; a folder that is not a sweep's is named as such."""
+    from tests.conftest import recorded_parent
+
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    cmd = [sys.executable, "-m", command]
+    done = subprocess.run([*cmd, "/nope"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "no MLflow store at" in done.stderr, done.stdout + done.stderr
+    assert not (tmp_path / "mlflow.db").exists()
+    recorded_parent(f"sqlite:///{tmp_path / 'mlflow.db'}", "s1", "sweep", "hidden=8")
+    (tmp_path / "garbage").mkdir()
+    for target, said in (("/nope", "/nope: no such folder"), ("garbage", "garbage is not the folder of a sweep")):
+        done = subprocess.run([*cmd, target], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+        assert done.returncode != 0 and said in done.stderr, done.stdout + done.stderr

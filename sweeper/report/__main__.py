@@ -1,4 +1,4 @@
-"""``python -m sweeper.report SWEEP_ID|latest [...] [--out DIR]``: rebuild a sweep's report from MLflow.
+"""``python -m sweeper.report SWEEP_ID|latest|FOLDER [...] [--out DIR]``: rebuild a sweep's report from MLflow.
 
 Reads only the tracking store (``--tracking-uri``, else MLFLOW_TRACKING_URI, else
 sqlite:///mlflow.db). Several ids make one study of all their points.
@@ -28,6 +28,13 @@ def find_parents(client: Any, experiment_id: str, ids: list[str]) -> list[Any]:
     for wanted in ids:
         if wanted == "latest":
             match = sweeps[:1]
+        elif "/" in wanted or Path(wanted).is_dir():  # a sweep's folder (multirun/DATE/TIME)
+            folder = Path(wanted).resolve()
+            if not folder.is_dir():
+                raise SystemExit(f"Error: {wanted}: no such folder; name a sweep id, latest, or a sweep's folder")
+            match = [r for r in sweeps if r.data.tags.get(metrics.TAG_SWEEP_DIR) == str(folder)]
+            if not match:
+                raise SystemExit(f"Error: {wanted} is not the folder of a sweep in this store (none ran there)")
         else:
             match = [r for r in sweeps if wanted in (r.data.tags.get(metrics.TAG_SWEEP_ID), r.info.run_id)]
         if not match:
@@ -39,7 +46,7 @@ def find_parents(client: Any, experiment_id: str, ids: list[str]) -> list[Any]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m sweeper.report", description=__doc__.split("\n")[0])
-    parser.add_argument("sweeps", nargs="+", metavar="SWEEP_ID", help="sweep id(s), or 'latest'")
+    parser.add_argument("sweeps", nargs="+", metavar="SWEEP_ID", help="sweep id(s), 'latest', or a sweep's folder")
     parser.add_argument("--out", type=Path, help="folder to write to (default: the sweep's folder/report)")
     store_arguments(parser)
     parser.add_argument("--no-attach", action="store_true", help="do not log the report to the parent run")
@@ -71,6 +78,10 @@ def open_experiment(args: argparse.Namespace) -> tuple[Any, str]:
     from sweeper.records import absolute_uri
 
     uri = absolute_uri(store.tracking_uri(args.tracking_uri))
+    db = store.sqlite_file(uri)
+    if db is not None and not db.is_file():  # opening it would create an empty store
+        print(f"Error: no MLflow store at {db}; run a sweep here first, or pass --tracking-uri", file=sys.stderr)
+        raise SystemExit(2)
     client = store.client(uri)
     name = store.experiment_name(args.experiment)
     experiment = client.get_experiment_by_name(name)
