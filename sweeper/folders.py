@@ -43,13 +43,14 @@ def claim_folder(base: Path) -> Path:
 
 def release_folder(folder: Path) -> None:
     """Remove a claimed sweep folder that holds nothing but its claim and Hydra's multirun.yaml, and
-    its date folder if emptied."""
+    its date folder and the one above (multirun/) where emptied."""
     if folder.is_dir() and {p.name for p in folder.iterdir()} <= {OWNER_FILE, "multirun.yaml"}:
         for name in (OWNER_FILE, "multirun.yaml"):
             (folder / name).unlink(missing_ok=True)
         folder.rmdir()
         with contextlib.suppress(OSError):  # another sweep's folder is in it
             folder.parent.rmdir()
+            folder.parent.parent.rmdir()
 
 
 def note_end(folder: Path, why: str) -> None:

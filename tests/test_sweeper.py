@@ -16,7 +16,7 @@ import pytest
 from hydra import compose as hydra_compose
 from hydra import initialize_config_dir
 
-from tests.conftest import NO_TIMING_FLOOR, ROOT
+from tests.conftest import NO_TIMING_FLOOR, ROOT, gpu_available
 from trainer import metrics
 from trainer.record import store
 
@@ -128,6 +128,7 @@ def test_slurm_shape_spreads_ranks_over_nodes():
 
 def test_dry_run_lists_points_and_resources_without_submitting(tmp_path, mlflow_uri):
     result = sweep(["hidden=16,32", "nproc=1,2", *FAST, "--dry-run"], tmp_path)
+    assert not (tmp_path / "multirun").exists(), "a preview leaves no sweep folder"
     assert result.returncode == 0, result.stderr
     for name in ("hidden=16,nproc=1", "hidden=32,nproc=2"):
         assert name in result.stdout
@@ -199,8 +200,24 @@ def test_bad_input_stops_before_anything_is_submitted(args, message, tmp_path, m
     assert result.returncode != 0
     assert message in result.stderr
     assert not Path(mlflow_uri.removeprefix("sqlite:///")).exists()
-    assert not list(tmp_path.glob("multirun/*/*/*/point.yaml"))
-    assert not list(tmp_path.glob("multirun/*/*"))  # no empty sweep folder left behind
+    assert not (tmp_path / "multirun").exists()  # no empty sweep folder left behind, nor multirun/
+
+
+@pytest.mark.skipif(gpu_available(), reason="refused only where no GPU is usable: this machine has one")
+def test_device_gpu_without_a_gpu_is_refused_before_any_rank_starts(tmp_path, mlflow_uri):
+    """#47: `python -m trainer device=gpu` failed inside its rank, with a traceback and a FAILED run."""
+    said = "device=gpu but no GPU is usable here"
+    result = sweep(["hidden=8,16", "device=gpu", *FAST], tmp_path)
+    assert result.returncode == 2 and said in result.stderr, result.stdout + result.stderr
+    single = subprocess.run(
+        [sys.executable, "-m", "trainer", "device=gpu", *FAST],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert single.returncode == 2 and said in single.stderr and "Traceback" not in single.stderr, single.stderr
+    assert not Path(mlflow_uri.removeprefix("sqlite:///")).exists() and not (tmp_path / "multirun").exists()
 
 
 def test_local_sweep_failure_isolation_and_resume(tmp_path, mlflow_uri):

@@ -34,7 +34,7 @@ from trainer.lifecycle.requeue import TimeLimitReached
 from trainer.lifecycle.timing_pass import measure_run
 from trainer.options import StepOptions
 from trainer.ranks import parallel, sigterm
-from trainer.ranks.backend import Backend, gpu_count, pinned, select
+from trainer.ranks.backend import Backend, gpu_count, no_gpu, pinned, select
 from trainer.ranks.contention import CoreWait, for_run, worst_wait
 from trainer.ranks.sigterm import Terminated
 from trainer.record import checkpoint, store, tracking
@@ -54,7 +54,10 @@ def main(cfg: DictConfig, argv: list[str]) -> int:
     try:
         validate(cfg)
         os.environ.update(policy.tf32_env(cfg.gpu.gemm.value))  # the ranks inherit it
-        policy.check_gpu_keys(cfg, cfg.device.value != "cpu" and gpu_count() > 0)
+        has_gpu = cfg.device.value != "cpu" and gpu_count() > 0
+        if cfg.device.value == "gpu" and not has_gpu:  # before any rank starts or run is recorded
+            raise no_gpu()
+        policy.check_gpu_keys(cfg, has_gpu)
         if not parallel.launched_by_mpi():  # the launching process: before any rank starts
             check_uri(store.tracking_uri(cfg.mlflow.tracking_uri))
             limits.check_folders(cfg)

@@ -76,14 +76,16 @@ class SweepscaleLauncher(Launcher):
 
     @contextlib.contextmanager
     def sweep_folder(self) -> Iterator[Path]:
-        """The sweep's folder, claimed; released again (with a clear line, exit 2) where the sweep is
-        refused before anything started, or the disk is full."""
+        """The sweep's folder, claimed; released again after a preview (--dry-run), and (with a clear
+        line, exit 2) where the sweep is refused before anything started, or the disk is full."""
         from sweeper.folders import DISK_FULL, claim_folder, note_end, release_folder
         from trainer.errors import ConfigError, disk_full
 
         sweep_dir = claim_folder(Path(str(self.config.hydra.sweep.dir)).resolve())
         try:
             yield sweep_dir
+            if self.config.sweep.dry_run:  # a preview ran nothing: no folder left behind
+                release_folder(sweep_dir)
         except ConfigError as e:
             release_folder(sweep_dir)  # refused before anything started: no empty sweep folder left
             print(f"Error: {e}", file=sys.stderr)

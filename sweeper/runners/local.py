@@ -26,7 +26,7 @@ from sweeper.runners.warm import Queue, Ticket, WarmPool, unstarted
 from trainer.errors import ConfigError
 from trainer.lifecycle.reference_jobs import CORES_ENV
 from trainer.ranks import lease
-from trainer.ranks.backend import visible_gpus
+from trainer.ranks.backend import no_gpu, visible_gpus
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -56,6 +56,8 @@ class LocalRunner(WithoutScheduler):
 
     def shape(self, point: Point) -> Shape:
         """GPUs when the point runs on GPUs, else CPU cores; never more than this machine has."""
+        if point.trainer.device.value == "gpu" and self.n_gpus == 0:
+            raise no_gpu()
         on_gpu = point.trainer.device.value != "cpu" and self.n_gpus > 0
         if on_gpu:
             have, what, fix = self.n_gpus, "GPUs", "lower nproc, or set launcher.gpus, or use launcher=slurm"

@@ -55,15 +55,20 @@ def visible_gpus() -> int:
     return n if visible is None else min(n, len([v for v in visible.split(",") if v.strip() not in ("", "-1")]))
 
 
+def no_gpu() -> ConfigError:
+    """device=gpu where no GPU is usable: what to do about it."""
+    return ConfigError(
+        "device=gpu but no GPU is usable here (CuPy missing or no CUDA device): install the "
+        "`cuda12` or `cuda13` extra on a GPU machine, or set device=cpu (or auto)"
+    )
+
+
 def select(device: str, local_rank: int) -> Backend:
     """NumPy, or CuPy on GPU ``local_rank mod count`` (one GPU per rank on each node). ``device``:
     auto, cpu or gpu (config ``device``, a str enum)."""
     n_gpus = 0 if device == "cpu" else gpu_count()
     if device == "gpu" and n_gpus == 0:
-        raise ConfigError(
-            "device=gpu but no GPU is usable here (CuPy missing or no CUDA device): install the "
-            "`cuda12` or `cuda13` extra on a GPU machine, or set device=cpu (or auto)"
-        )
+        raise no_gpu()
     if n_gpus == 0:
         return Backend(np, "cpu", platform.processor() or platform.machine(), {"numpy": np.__version__})
     import cupy
