@@ -109,6 +109,8 @@ def test_window_wanted(nccl_window, beside_gemm, wanted):
         ("lr=-1", "lr=-1.0: the learning rate must be a positive finite number"),
         ("lr=nan", "lr=nan: the learning rate must be a positive finite number"),
         ("epochs=0", "epochs=0: train for at least one epoch"),
+        ("reg=inf", "reg=inf: the L2 coefficient must be a finite number, 0 or more"),
+        ("reg=-1", "reg=-1.0: the L2 coefficient must be a finite number, 0 or more"),
         ("data.n_train=0", "data.n_train=0: take at least one sample"),
         ("seed=-1", "seed=-1: NumPy takes seeds from 0 to 2**32 - 1"),
         ("hidden=1000000000", "hidden=1000000000: the weights and their copies would take 11846.4 GiB, more than"),

@@ -352,6 +352,7 @@ def test_a_diverging_run_stops_at_its_first_non_finite_loss(divergence, status, 
     if status == "FAILED":
         assert f"diverged at step {first_bad} (epoch 1)" in run.data.tags[metrics.TAG_ERROR]
         assert len(losses) == 10  # the epoch's curve is recorded, NaN included; no later epoch ran
+        assert "DivergedError: diverged at step" in result.stderr and "Traceback" not in result.stderr  # #47
     else:
         assert len(losses) == 30
 

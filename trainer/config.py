@@ -273,7 +273,10 @@ def validate(cfg: TrainerConfig) -> None:
             limits.weight_bytes(cfg.hidden, cfg.dtype.value) <= limits.machine_memory(),
             limits.too_big(cfg.hidden, cfg.dtype.value),
         ),
-        (cfg.reg >= 0, f"reg={cfg.reg}: the L2 coefficient cannot be negative; set reg=1e-4 or 0"),
+        (
+            0 <= cfg.reg < float("inf"),
+            f"reg={cfg.reg}: the L2 coefficient must be a finite number, 0 or more; set reg=1e-4 or 0",
+        ),
         (
             cfg.data.n_train is None or cfg.data.n_train >= 1,
             f"data.n_train={cfg.data.n_train}: take at least one sample, or null for all",

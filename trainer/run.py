@@ -21,7 +21,7 @@ from trainer import limits, metrics, step
 from trainer.config import Timing, validate
 from trainer.core import reference
 from trainer.core.clock import PhaseClock, process_start
-from trainer.core.loop import STEP_PHASES, Schedule, Snapshot, fit
+from trainer.core.loop import STEP_PHASES, DivergedError, Schedule, Snapshot, fit
 from trainer.core.timing import Protocol
 from trainer.errors import ConfigError
 from trainer.gpu import policy
@@ -152,7 +152,8 @@ def train_and_defer(
             if world.rank == 0:
                 _record_failure(e, uri, run_id, recorder, 0, traced=False)
             return requeue.REQUEUE_STATUS if e.requeue else 1
-        status = _record_failure(e, uri, run_id, recorder, world.rank, journal_dir=journal_dir)
+        traced = not isinstance(e, (DivergedError, ConfigError))  # said in a line of their own: no traceback
+        status = _record_failure(e, uri, run_id, recorder, world.rank, traced, journal_dir)
         if world.size > 1:
             world.abort(1)  # the other ranks may wait in a collective: end them all now
         return status
