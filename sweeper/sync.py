@@ -25,7 +25,7 @@ PARENT = f"{PARENT_JOURNAL}/{journal.FILE}"  # where a sweep journals its parent
 def sync(folders: list[Path]) -> int:
     """Send every journal under ``folders``; 0 when all are sent, 1 when one could not be or
     refused a line (an artifact outside its folder)."""
-    sweeps = [(j.parent.parent, journal.Journal(j.parent).header()) for f in folders for j in Path(f).rglob(PARENT)]
+    sweeps = [(j.parent.parent, header) for f in folders for j in Path(f).rglob(PARENT) if (header := _header(j))]
     results = [r for folder in folders for r in journal.send_left(folder)]
     for path, what in results:
         display.console.print(f"{path.parent}: {what}")
@@ -35,6 +35,14 @@ def sync(folders: list[Path]) -> int:
         if not any(sweep_dir.rglob(journal.FILE)):  # all of the sweep is in the store now
             write_report(sweep_dir, header["uri"], header["run_id"])
     return int(any(what.startswith("not sent") or "refused" in what for _, what in results))
+
+
+def _header(path: Path) -> dict | None:
+    """A parent's journal's header; None where it is damaged (send_left says so)."""
+    try:
+        return journal.Journal(path.parent).header()
+    except (OSError, ValueError):
+        return None
 
 
 def write_report(sweep_dir: Path, uri: str, parent_id: str) -> None:

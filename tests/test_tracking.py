@@ -366,3 +366,25 @@ def test_sync_of_a_folder_that_is_not_there_says_so(tmp_path):
         assert result.returncode == 2 and said in result.stderr, result.stdout + result.stderr
         assert "nothing to send" not in result.stdout
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file"]  # nothing created
+
+
+def test_a_damaged_journal_is_said_in_a_line(mlflow_uri, tmp_path):
+    """#47: a journal whose lines are not JSON gave a raw JSONDecodeError traceback."""
+    from trainer.record import journal
+
+    client = store.client(mlflow_uri)
+    run_id = client.create_run(store.ensure_experiment(client, mlflow_uri, "sweepscale")).info.run_id
+    bad_header, bad_line = tmp_path / "multirun" / "0", tmp_path / "multirun" / "1"
+    bad_header.mkdir(parents=True)
+    (bad_header / journal.FILE).write_text("{not json\n")
+    j = journal.Journal(bad_line, mlflow_uri, run_id)
+    j.append({"op": "tags", "tags": {"a": "1"}})
+    with open(bad_line / journal.FILE, "a") as f:
+        f.write("{half a line\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "sweeper.sync", str(tmp_path / "multirun")], capture_output=True, text=True, timeout=120
+    )
+    out = result.stdout + result.stderr
+    assert result.returncode == 1 and "Traceback" not in out, out
+    assert "its first line is no journal's header" in out and "not sent: JSONDecodeError" in out, out
+    assert client.get_run(run_id).info.status == "RUNNING"  # nothing pretended: the run's end never came

@@ -284,6 +284,9 @@ def send_left(folder: str | os.PathLike) -> list[tuple[Path, str]]:
         except FileNotFoundError:  # a handed-off run's other sender (its worker's end) sent it all since the glob
             out.append((path, "sent"))
             continue
+        except (ValueError, KeyError, TypeError) as e:  # not a journal's first line: nothing to send it to
+            out.append((path, f"not sent: its first line is no journal's header ({type(e).__name__}: {e})"[:300]))
+            continue
         if uri in away:  # one wait per absent server, not one per journal
             out.append((path, "not sent: the tracking server did not answer"))
             continue
