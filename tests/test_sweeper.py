@@ -193,6 +193,7 @@ def test_a_sweep_on_slurm_without_slurm_is_refused_before_anything_starts(tmp_pa
         (["hidden=16,32", "hidden=8"], "hidden is given twice (hidden=16,32, hidden=8); keep one"),
         (["hydra.sweep.dir=/proc/sweeps"], "hydra.sweep.dir=/proc/sweeps: cannot write there"),
         (["launcher.folder=/proc/jobs"], "launcher.folder=/proc/jobs: cannot write there"),
+        (["mlflow.experiment=" + "x" * 600], "mlflow.experiment: 600 characters, MLflow takes at most 500"),
     ],
 )
 def test_bad_input_stops_before_anything_is_submitted(args, message, tmp_path, mlflow_uri):

@@ -210,7 +210,9 @@ def test_world_size_must_equal_nproc(tmp_path, mlflow_uri):
     [
         ("data.dir=missing", "data.dir=missing: no such folder"),
         ("check.cache_dir=/proc/sweepscale", "check.cache_dir=/proc/sweepscale: cannot write there"),
+        ("mlflow.experiment=" + "x" * 600, "mlflow.experiment: 600 characters, MLflow takes at most 500"),
     ],
+    ids=["data", "cache", "experiment"],
 )
 def test_bad_input_fails_before_any_rank_starts(override, message, tmp_path, mlflow_uri):
     result = trainer(["nproc=2", override], tmp_path)

@@ -60,6 +60,7 @@ def main(cfg: DictConfig, argv: list[str]) -> int:
         policy.check_gpu_keys(cfg, has_gpu)
         if not parallel.launched_by_mpi():  # the launching process: before any rank starts
             check_uri(store.tracking_uri(cfg.mlflow.tracking_uri))
+            store.experiment_name(cfg.mlflow.experiment)
             limits.check_folders(cfg)
             checkpoint.load(cfg.save.checkpoint_dir, checkpoint.resume_key(cfg))  # another config's: refused
         ds = load_data(cfg)  # bad data is reported here, before any rank starts or trains

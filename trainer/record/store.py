@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer import metrics
+from trainer.errors import ConfigError
 
 DEFAULT_URI = "sqlite:///mlflow.db"
 DEFAULT_EXPERIMENT = "sweepscale"
@@ -39,8 +40,17 @@ def tracking_uri(configured: str | None) -> str:
     return configured or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_URI
 
 
+NAME_MAX = 500  # MLflow's longest experiment name
+
+
 def experiment_name(configured: str | None) -> str:
-    return configured or os.environ.get("MLFLOW_EXPERIMENT_NAME") or DEFAULT_EXPERIMENT
+    """The experiment: mlflow.experiment, else MLFLOW_EXPERIMENT_NAME, else the default; a name MLflow
+    would refuse (once a rank had started) is a ConfigError here."""
+    name = configured or os.environ.get("MLFLOW_EXPERIMENT_NAME") or DEFAULT_EXPERIMENT
+    if len(name) > NAME_MAX:
+        where = "mlflow.experiment" if configured else "MLFLOW_EXPERIMENT_NAME"
+        raise ConfigError(f"{where}: {len(name)} characters, MLflow takes at most {NAME_MAX}; name it shorter")
+    return name
 
 
 def open_ahead(uri: str | None = None, then: Callable[[], None] | None = None) -> threading.Thread:
