@@ -86,6 +86,8 @@ def describe(job: Any) -> str:
     """Why a job ended, in a few lines: the scheduler's state, the error, and the cause from its logs."""
     state = str(getattr(job, "state", "") or "")
     error = one_line(job.exception())
+    if error and state in ("FINISHED", "COMPLETED"):  # the job's process ended well, its point did not
+        state = ""
     head = f"{state}: {error}" if state and state not in error else error
     paths = getattr(job, "paths", None)
     why = cause(paths.stderr) if paths is not None else ""

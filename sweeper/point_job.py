@@ -70,8 +70,26 @@ def _run(cmd: list[str], env: dict[str, str], who: str, where: str) -> int:
     if status in TERMINATED:
         raise PointCancelledError(f"CANCELLED: {who} exited with status {status} ({where}) on SIGTERM")
     if status:
-        raise PointFailedError(f"{who} exited with status {status} ({where})")
+        raise PointFailedError(f"{who} {ended(status)} ({where})")
     return 0
+
+
+def ended(status: int) -> str:
+    """How a process ended, its signal named where its status carries one: Python's -N, a shell's
+    128 + N, or MPICH's mpiexec, which exits with the number of the signal that killed a rank."""
+    number = -status if status < 0 else status - 128 if status > 128 else status
+    try:
+        name = signal.Signals(number).name
+    except ValueError:
+        return f"exited with status {status}"
+    if status < 0:
+        return f"was killed by {name}"
+    if status > 128:
+        return f"exited with status {status} (128 + {number}: a process it ran was killed by {name})"
+    if number in (signal.SIGKILL, signal.SIGSEGV, signal.SIGABRT, signal.SIGBUS):  # statuses a program seldom picks
+        who = ": the OOM killer, or kill -9" if number == signal.SIGKILL else ""
+        return f"exited with status {status} (mpiexec's, when a rank was killed by {name}{who})"
+    return f"exited with status {status}"
 
 
 def ended_with_its_step() -> bool:

@@ -25,3 +25,23 @@ def test_a_cancel_is_read_from_the_first_line_of_a_jobs_end():
     assert job_end.cancelled("CANCELLED: the worker's job was cancelled before this point ran (scancel)")
     assert not job_end.cancelled(STEP_ENDED)  # a failure whose log says its step was cancelled
     assert not job_end.cancelled(None)
+
+
+def test_a_process_end_names_the_signal_its_status_carries():
+    """#47: a rank killed by SIGKILL read "worker w1 exited with status 9"."""
+    from sweeper.point_job import ended
+
+    assert ended(9) == "exited with status 9 (mpiexec's, when a rank was killed by SIGKILL: the OOM killer, or kill -9)"
+    assert ended(137) == "exited with status 137 (128 + 9: a process it ran was killed by SIGKILL)"
+    assert ended(-11) == "was killed by SIGSEGV"
+    assert ended(1) == ended(2).replace("2", "1") == "exited with status 1"
+
+
+def test_a_job_that_ended_well_around_a_failed_point_is_not_called_finished():
+    class Job:  # what submitit's local job says of a worker whose point failed: its process ended well
+        state, paths = "FINISHED", None
+
+        def exception(self):
+            return RuntimeError("worker w1 exited with status 9 (queue q)")
+
+    assert job_end.describe(Job()) == "worker w1 exited with status 9 (queue q)"
