@@ -38,6 +38,22 @@ def test_only_a_nproc_none_of_whose_points_was_timed_alone_is_timed_again():
     assert families.to_time_alone(lone) == []
 
 
+def test_a_rank_that_lagged_a_tenth_of_each_batch_is_timed_again():
+    """Two H200s, the headline's hidden=1024 at nproc=2: once 0.1249 ms a batch, its other rank
+    waiting 0.0307 ms of each for it (0.0973 ms in the next two sweeps, a wait of 0.0002-0.002)."""
+    config = {"hidden": 1024, "batch_size": 3200}
+    pts = [
+        point("one", {**config, "nproc": 1}, 0.1056, phases={"skew": 0}),
+        point("two", {**config, "nproc": 2}, 0.1249, phases={"skew": 0.0308, "wait": 0.0307}),
+    ]
+    assert families.company(pts[1]) == [
+        f"{families.LAGGED} (the others waited 0.0308 ms of its 0.125 ms batches for it)"
+    ]
+    assert families.to_time_alone(pts) == [1]
+    balanced = point("two", {**config, "nproc": 2}, 0.0973, phases={"skew": 0.00067})  # 0.7%: not lagging
+    assert families.company(balanced) == [] and families.to_time_alone([pts[0], balanced]) == []
+
+
 def watched_sweep(
     args: list[str], cwd: Path, company: TimedSpan | None, timeout: float = 240, stop_on: str = ""
 ) -> tuple[int, str]:

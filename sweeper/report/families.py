@@ -30,6 +30,8 @@ TIMING_NEUTRAL = ("lr", "reg", "seed", "epochs", "data.shuffle", "model.init", "
 SUPERLINEAR = 1.05  # an efficiency above this is flagged: within its timing noise, or what the phases measured
 CORE_WAIT = 0.05  # a point whose ranks waited for a core this share of their timed batches was slowed by it
 BESIDE_RUNS, ON_CORES = "other runs beside it", "other processes on its cores"  # what shared a point's timings
+LAGGED = "a rank slowed by something else"  # one rank behind the others, a tenth of each batch or more
+SKEW = 0.1  # a rank this share of a batch behind the slowest other: slowed (balanced ranks lag by 1-4%)
 COMPUTE_PHASES = ("h2d", "forward", "backward", "update")  # a rank's own work: the all-reduce is the others'
 PHASES = (*metrics.PHASES, *metrics.SPLIT_PHASES, metrics.QUEUE)  # what a row keeps of its points' phases
 
@@ -192,6 +194,9 @@ def company(p: Any) -> list[str]:
     wait = p.metrics.get(metrics.CORE_WAIT, 0)
     if wait > CORE_WAIT:
         why.append(f"{ON_CORES} (its ranks waited for one {wait:.0%} of the time)")
+    skew, batch = p.metrics.get(metrics.phase_time("skew"), 0), point_batch_ms(p)
+    if batch > 0 and skew > SKEW * batch:  # e.g. its thread's launches held up: the others waited each batch
+        why.append(f"{LAGGED} (the others waited {skew:.3g} ms of its {batch:.3g} ms batches for it)")
     return why
 
 
@@ -269,6 +274,8 @@ def flags(family: Family, rows: Sequence[Scaling]) -> list[str]:
             fixes = ["run the study with perf.timing=exclusive"] if BESIDE_RUNS in r.company else []
             if ON_CORES in r.company:
                 fixes.append("give its ranks cores no other process needs meanwhile")
+            if LAGGED in r.company:
+                fixes.append("time it again: sweep.retime does, at the sweep's end")
             fix = "; ".join(fixes)
             out.append(f"nproc={r.nproc} was timed only with {r.company}: its speedup is not to be trusted ({fix})")
     base = rows[0]
