@@ -70,7 +70,7 @@ def run_sweep(
         with phase("study: open"):
             search_flow.open_study(search, runner, points)
 
-    record, early = None, None
+    record, early, flight_ahead = None, None, None
     try:
         with phase("workers' start"):
             os.environ[store.AHEAD] = uri  # the workers open it while they wait for their points
@@ -120,6 +120,7 @@ def run_sweep(
             record.abandon(e)  # no run of this sweep stays RUNNING
         if isinstance(e, KeyboardInterrupt):  # before the watch: points started ahead end KILLED in their workers
             display.console.print("[red]interrupted: the sweep's workers end their points[/red]")
+            display.summary(stopped_early(points, flight_ahead))
             return 130
         raise
     retimed = retime.Retimed()
@@ -152,6 +153,18 @@ def run_sweep(
         display.closing(report, record.uri, record.experiment_id, record.parent_id)
         timeline.write(sweep_dir)
     return 130 if flight.interrupted or stopped else 0 if ok and away is None else 1
+
+
+def stopped_early(points: list[Point], ahead_of_store: Flight | None) -> list[display.Outcome]:
+    """The closing table of a sweep stopped before its watch: the points its workers had begun
+    ahead of the store end KILLED there, the others never started."""
+    begun = {p.index for p in ahead_of_store.started.values()} if ahead_of_store is not None else set()
+    return [
+        display.Outcome(p.name, "KILLED", None, "the sweep was stopped while it trained")
+        if p.index in begun
+        else display.Outcome(p.name, "CANCELLED", None, "never started")
+        for p in points
+    ]
 
 
 def time_again_alone(

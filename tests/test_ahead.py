@@ -121,6 +121,7 @@ def test_ctrl_c_while_points_train_ahead_of_the_store_leaves_no_run_open(tmp_pat
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 130 and "Traceback" not in out, out
     assert "interrupted: the sweep's workers end their points" in out, out
+    assert "sweep summary" in out and "│ hidden=8 " in out and "│ hidden=16 " in out, out  # #47: the closing table
     deadline = time.time() + 90  # the workers end their points, then send them: their sweeper is gone
     while time.time() < deadline and list(tmp_path.glob(f"multirun/*/*/*/{journal.FILE}")):
         time.sleep(0.2)
