@@ -126,6 +126,8 @@ def run_sweep(
     retimed = retime.Retimed()
     if search is None and opts.retime and not flight.interrupted:
         with phase("timed again alone"):
+            if record.uri.startswith(("http://", "https://")):  # a server gone by now costs seconds, not minutes
+                store.bound_waits(opts.store_wait_s)
             retimed = time_again_alone(record, runner, sweep_id, points, opts.poll_s)
             flight.interrupted = retimed.interrupted
     with interrupts_noted() as stopped:  # from here a signal waits for the sweep's end: then 130
@@ -178,7 +180,8 @@ def time_again_alone(
         runner.stop()
         return retime.Retimed(interrupted=True)
     except Exception as e:
-        display.console.print(f"[red]timing again alone failed[/red] ({e}); the points keep their own timings")
+        why = "the tracking server did not answer" if store.server_away(e) else str(e).splitlines()[0][:200]
+        display.console.print(f"[red]timing again alone failed[/red] ({why}); the points keep their own timings")
         return retime.Retimed()
 
 
