@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 ## The default sweep on the embedded digits: 4 points at every default (local launcher, CPU when no GPU,
-## MLflow in sqlite:///mlflow.db); about 9 s on two cores (docs/benchmarks.md says why not hidden=1024 too).
+## MLflow in sqlite:///mlflow.db); about 23 s on two cores, 8 of them timing its points again alone.
 run: $(STAMP)
 	$(BIN)/python -m sweeper -m hidden=64,256 nproc=1,2
 
