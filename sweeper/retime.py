@@ -1,7 +1,8 @@
 """Points timed again alone at the sweep's end, so that no speedup rests on contended timings.
 
 A point's timed batches may have had company: other runs' batches on its host (CPU runs, or GPU runs
-sharing a GPU), or other processes on its cores (trainer/ranks/contention.py). Where every point of a
+sharing a GPU), other processes on its cores (trainer/ranks/contention.py), or whatever held one rank
+back a tenth of each batch (sweeper/report/families.py company). Where every point of a
 scaling family's nproc had, that nproc's first point runs once more once the sweep's points have
 ended (sweep.retime): one epoch with perf.timing=exclusive, the host's timing lock its own, and
 without the CPU check; the timing protocol's pass adds the steps its floor needs. Each runs after the
