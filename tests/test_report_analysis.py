@@ -325,6 +325,11 @@ def test_a_point_whose_ranks_waited_for_a_core_is_timed_with_company_and_flagged
         "efficiency 200% at nproc=2 is above 1: its baseline nproc=1 was slowed by other processes on its cores "
         "(its ranks waited for one 40% of the time)",
     ]
+    repeats = [point("a", pair[0], 20, wait=0.4), point("b", {**pair[0], "lr": 0.2}, 21, wait=0.3), waited[1]]
+    (fam,) = families.families([p.config for p in repeats])
+    (said, _) = families.flags(fam, families.family_rows(repeats, fam))  # #49: each kind of company once
+    assert said.count("other processes on its cores") == 1 and "waited for one 40%" in said, said
+    (fam,) = families.families(pair)
     both = [point("one", pair[0], 20, beside=1, wait=0.4), point("two", pair[1], 5)]
     (first, _) = families.flags(fam, families.family_rows(both, fam))
     assert first.startswith("nproc=1 was timed only with other runs beside it and other processes on its cores")

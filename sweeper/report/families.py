@@ -247,7 +247,10 @@ def family_rows(points: Sequence[Any], family: Family) -> list[Scaling]:
         row.lo, row.hi = min(lo for lo, _ in intervals), max(hi for _, hi in intervals)
         if not alone:
             row.trusted = False
-            row.company = " and ".join(dict.fromkeys(why for i in idx for why in company(points[i])))
+            said: dict[str, str] = {}  # each kind of company once, as its first point said it
+            for why in (why for i in idx for why in company(points[i])):
+                said.setdefault(why.split(" (")[0], why)
+            row.company = " and ".join(said.values())
         rows.append(row)
     for r, (speedup, ideal, eff) in zip(
         rows, scaling(family.kind, [r.nproc for r in rows], [r.batch_ms for r in rows])
