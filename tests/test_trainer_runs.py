@@ -194,6 +194,7 @@ def test_a_sigterm_a_library_swallowed_still_ends_the_run_killed_at_its_epochs_e
     client, run = only_run(mlflow_uri)
     assert run.info.status == "KILLED", run.data.tags.get(metrics.TAG_ERROR)
     assert "terminated by SIGTERM" in run.data.tags[metrics.TAG_ERROR]
+    assert 'File "' not in run.data.tags[metrics.TAG_ERROR]  # #47: its cause in a line, no traceback's fragment
     epochs = [m.step for m in client.get_metric_history(run.info.run_id, metrics.TRAIN_LOSS_EPOCH)]
     # 9 batches an epoch: the first is recorded by the rank that lost it; with 2 ranks rank 0 may have been ended first
     assert epochs == [1] if nproc == 1 else epochs in ([], [1]), epochs

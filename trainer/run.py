@@ -179,7 +179,9 @@ def _record_failure(
     record."""
     killed = isinstance(e, (KeyboardInterrupt, Terminated)) or sigterm.seen() or getattr(e, "requeue", False)
     status = "KILLED" if killed else "FAILED"
-    text = traceback.format_exc() if traced else f"{type(e).__name__}: {e}"
+    if isinstance(e, (KeyboardInterrupt, Terminated)):  # a stop asked for, not a fault: its cause, no traceback
+        traced = False
+    text = traceback.format_exc() if traced else f"{type(e).__name__}: {e or 'interrupted (SIGINT)'}"
     print(f"[rank {rank}] run {status}:\n{text}", file=sys.stderr, flush=True)
     if run_id is not None or (recorder is not None and recorder.handed_off):
         try:
