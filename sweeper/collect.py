@@ -171,3 +171,15 @@ def add_jobs(runner: Runner, outcomes: list[display.Outcome]) -> None:
         if ids.get(o.name):
             warm = o.run.data.tags.get(metrics.TAG_WARM) == "true"
             o.job = f"{ids[o.name]} {'(warm worker)' if warm else accounts.get(ids[o.name], '')}".strip()
+
+
+def stopped_early(points: list[Point], ahead_of_store: Flight | None) -> list[display.Outcome]:
+    """The closing table of a sweep stopped before its watch: the points its workers had begun
+    ahead of the store end KILLED there, the others never started."""
+    begun = {p.index for p in ahead_of_store.started.values()} if ahead_of_store is not None else set()
+    return [
+        display.Outcome(p.name, "KILLED", None, "the sweep was stopped while it trained")
+        if p.index in begun
+        else display.Outcome(p.name, "CANCELLED", None, "never started")
+        for p in points
+    ]

@@ -30,6 +30,7 @@ from sweeper.report.families import company, to_time_alone
 from sweeper.report.study import point_of
 from sweeper.watch import watch
 from trainer import metrics
+from trainer.record import store
 
 if TYPE_CHECKING:
     from sweeper.records import SweepRecord
@@ -69,8 +70,25 @@ class Retimed:
     interrupted: bool = False
 
 
-def time_again(record: SweepRecord, runner: Runner, sweep_id: str, points: list[Point], poll_s: float) -> Retimed:
-    """Time the chosen points again, one after another."""
+def time_again(
+    record: SweepRecord, runner: Runner, sweep_id: str, points: list[Point], poll_s: float, wait_s: float
+) -> Retimed:
+    """Time the chosen points again, one after another. Its failure fails no point (their runs are
+    in the store): said in a line. ``wait_s``: the longest wait on a tracking server (sweep.store_wait_s)."""
+    if record.uri.startswith(("http://", "https://")):  # a server gone by now costs seconds, not minutes
+        store.bound_waits(wait_s)
+    try:
+        return _time_again(record, runner, sweep_id, points, poll_s)
+    except KeyboardInterrupt:  # outside its watch (which ends its jobs itself): the workers end too
+        runner.stop()
+        return Retimed(interrupted=True)
+    except Exception as e:
+        why = "the tracking server did not answer" if store.server_away(e) else str(e).splitlines()[0][:200]
+        display.console.print(f"[red]timing again alone failed[/red] ({why}); the points keep their own timings")
+        return Retimed()
+
+
+def _time_again(record: SweepRecord, runner: Runner, sweep_id: str, points: list[Point], poll_s: float) -> Retimed:
     out = Retimed()
     todo = chosen(record, sweep_id, points)
     if not todo:

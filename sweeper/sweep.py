@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from omegaconf import DictConfig
 
 from sweeper import ahead, display, offline_report, records, retime, search_flow, timeline
-from sweeper.collect import close_runs, spent
+from sweeper.collect import close_runs, spent, stopped_early
 from sweeper.config import validate_sweep
 from sweeper.early_report import EarlyReport
 from sweeper.handoff import HandoffSender
@@ -126,9 +126,7 @@ def run_sweep(
     retimed = retime.Retimed()
     if search is None and opts.retime and not flight.interrupted:
         with phase("timed again alone"):
-            if record.uri.startswith(("http://", "https://")):  # a server gone by now costs seconds, not minutes
-                store.bound_waits(opts.store_wait_s)
-            retimed = time_again_alone(record, runner, sweep_id, points, opts.poll_s)
+            retimed = retime.time_again(record, runner, sweep_id, points, opts.poll_s, opts.store_wait_s)
             flight.interrupted = retimed.interrupted
     with interrupts_noted() as stopped:  # from here a signal waits for the sweep's end: then 130
         with phase("collect"):
@@ -155,34 +153,6 @@ def run_sweep(
         display.closing(report, record.uri, record.experiment_id, record.parent_id)
         timeline.write(sweep_dir)
     return 130 if flight.interrupted or stopped else 0 if ok and away is None else 1
-
-
-def stopped_early(points: list[Point], ahead_of_store: Flight | None) -> list[display.Outcome]:
-    """The closing table of a sweep stopped before its watch: the points its workers had begun
-    ahead of the store end KILLED there, the others never started."""
-    begun = {p.index for p in ahead_of_store.started.values()} if ahead_of_store is not None else set()
-    return [
-        display.Outcome(p.name, "KILLED", None, "the sweep was stopped while it trained")
-        if p.index in begun
-        else display.Outcome(p.name, "CANCELLED", None, "never started")
-        for p in points
-    ]
-
-
-def time_again_alone(
-    record: SweepRecord, runner: Runner, sweep_id: str, points: list[Point], poll_s: float
-) -> retime.Retimed:
-    """The points whose scaling timings had company, timed again alone (sweeper/retime.py); its
-    failure fails no point (their runs are in the store): said in a line."""
-    try:
-        return retime.time_again(record, runner, sweep_id, points, poll_s)
-    except KeyboardInterrupt:  # outside its watch (which ends its jobs itself): the workers end too
-        runner.stop()
-        return retime.Retimed(interrupted=True)
-    except Exception as e:
-        why = "the tracking server did not answer" if store.server_away(e) else str(e).splitlines()[0][:200]
-        display.console.print(f"[red]timing again alone failed[/red] ({why}); the points keep their own timings")
-        return retime.Retimed()
 
 
 def preflight(runner: Runner, points: list[Point], dry_run: bool) -> str:
