@@ -13,12 +13,27 @@ import os
 from pathlib import Path
 
 NOTE_BYTES = 512
+# Held by the claim while the sweep runs, given back when the disk fills: room for the store on the
+# same disk to close the sweep's runs (SQLite's rollback journal holds the few pages each change
+# touches); the sweep's end gives it back too, so a finished sweep keeps NOTE_BYTES.
+RESERVE_BYTES = 256 * 1024
 DISK_FULL = (
-    "the disk is full where the sweep writes ({error}; its folder {folder}): what it could not record stays "
-    "RUNNING until the next sweep closes it. Free space, then run the sweep again: its finished points are kept"
+    "the disk is full where the sweep writes ({error}; its folder {folder}): {closed}. Free space, then "
+    "python -m sweeper.sync {folder} records what trained, and the sweep run again runs only the rest"
 )
+CLOSED = "its runs are closed, each saying what it lacks"
+LEFT_RUNNING = "what it could not record stays RUNNING until the next sweep closes it"
 OWNER_FILE = ".sweepscale"  # created exclusively: the sweep that creates it owns the folder
 _CLAIMED: set[Path] = set()  # this process's: the sweeper claims the folder, the launcher finds it claimed
+
+
+class DiskFullError(Exception):
+    """The disk filled while the sweep ran: ``full`` says what said so, ``closed`` whether its runs
+    could still be closed (with the claim's reserve given back)."""
+
+    def __init__(self, full: str, closed: bool) -> None:
+        super().__init__(full)
+        self.full, self.closed = full, closed
 
 
 def claim_folder(base: Path) -> Path:
@@ -34,8 +49,8 @@ def claim_folder(base: Path) -> Path:
             fd = os.open(folder / OWNER_FILE, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
         except FileExistsError:
             continue
-        with os.fdopen(fd, "wb") as f:  # room for note_end, written where a full disk gives no more
-            f.write(b" " * NOTE_BYTES)
+        with os.fdopen(fd, "wb") as f:  # room for note_end, and the reserve: both taken before the disk fills
+            f.write(b" " * NOTE_BYTES + bytes(RESERVE_BYTES))
         _CLAIMED.add(folder)
         return folder
     raise AssertionError("unreachable")
@@ -51,6 +66,13 @@ def release_folder(folder: Path) -> None:
         with contextlib.suppress(OSError):  # another sweep's folder is in it
             folder.parent.rmdir()
             folder.parent.parent.rmdir()
+
+
+def free_reserve(folder: Path) -> None:
+    """Give the claim's reserve back to the disk (at the sweep's end, or to close its runs on a full
+    disk); its note stays."""
+    with contextlib.suppress(OSError):
+        os.truncate(folder / OWNER_FILE, NOTE_BYTES)
 
 
 def note_end(folder: Path, why: str) -> None:

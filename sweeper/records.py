@@ -178,20 +178,27 @@ class SweepRecord:
             closed.append((sweep_id, folder or sweep_id))
         return closed, going_on
 
-    def abandon(self, error: BaseException) -> None:
-        """The sweep failed before its end (sbatch refused a job, ...): its parent and the runs still
-        RUNNING end FAILED (KILLED on Ctrl-C), with the error; a store that fails too is left be."""
+    def abandon(self, error: BaseException, why: str = "") -> bool:
+        """The sweep failed before its end (sbatch refused a job, the disk filled, ...): its parent and
+        the runs still RUNNING end FAILED (KILLED on Ctrl-C), with ``why`` or the error. False where
+        the store failed too (it is left be)."""
         status = "KILLED" if isinstance(error, KeyboardInterrupt) else "FAILED"
+        why = why or f"the sweep failed: {error}"
         try:
             if self.parent_id is None:
-                return
+                return True
             sweep_id = self.client.get_run(self.parent_id).data.tags[metrics.TAG_SWEEP_ID]
-            for run in [*self.children(sweep_id).values(), self.client.get_run(self.parent_id)]:
-                if run.info.status == "RUNNING":
-                    self.client.set_tag(run.info.run_id, metrics.TAG_ERROR, f"the sweep failed: {error}"[-5000:])
-                    self.client.set_terminated(run.info.run_id, status)
+            kids = [r for r in self.children(sweep_id).values() if r.info.status == "RUNNING"]
+            for run in kids:
+                self.client.set_tag(run.info.run_id, metrics.TAG_ERROR, why[-5000:])
+                self.client.set_terminated(run.info.run_id, status)
+            if self.client.get_run(self.parent_id).info.status == "RUNNING":
+                closed = f"; runs closed so: {', '.join(r.info.run_name for r in kids)}" if kids else ""
+                self.client.set_tag(self.parent_id, metrics.TAG_ERROR, f"{why}{closed}"[-5000:])
+                self.client.set_terminated(self.parent_id, status)
         except Exception:  # the store itself may be what failed
-            pass
+            return False
+        return True
 
     def kill_running(self, sweep_id: str) -> list[str]:
         """Mark this sweep's still-RUNNING child runs KILLED (their jobs were cancelled)."""

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig
 
-from sweeper import ahead, display, offline_report, records, retime, search_flow, timeline
+from sweeper import ahead, display, folders, offline_report, records, retime, search_flow, timeline
 from sweeper.collect import close_runs, spent, stopped_early
 from sweeper.config import validate_sweep
 from sweeper.early_report import EarlyReport
@@ -33,6 +33,7 @@ from sweeper.timeline import phase
 from sweeper.watch import Flight, interrupts_noted, watch
 from trainer import data, limits, metrics
 from trainer.core.clock import process_start
+from trainer.errors import disk_full
 from trainer.record import journal, provenance, store, uri_check
 from trainer.record.checkpoint import resume_key
 
@@ -117,14 +118,38 @@ def run_sweep(
         if search is not None and search.study is not None:
             search.interrupted()
         if record is not None:
-            record.abandon(e)  # no run of this sweep stays RUNNING
+            close_abandoned(record, sweep_dir, e)  # no run of this sweep stays RUNNING
         if isinstance(e, KeyboardInterrupt):  # before the watch: points started ahead end KILLED in their workers
             display.console.print("[red]interrupted: the sweep's workers end their points[/red]")
             display.summary(stopped_early(points, flight_ahead))
             return 130
         raise
+    try:
+        retiming = search is None and base.sweep.retime  # a search's trials are not timed again
+        ended = (flight, earlier, early, retiming)
+        return end_sweep(base, record, runner, sweep_id, points, done_before, sweep_dir, *ended)
+    except BaseException as e:
+        close_abandoned(record, sweep_dir, e)  # a full disk: its reserve given back for the store to close them
+        raise
+
+
+def end_sweep(
+    base: DictConfig,
+    record: SweepRecord,
+    runner: Runner,
+    sweep_id: str,
+    points: list[Point],
+    done_before: dict[str, str],
+    sweep_dir: Path,
+    flight: Flight,
+    earlier: dict[int, tuple[Point, EarlierJob]],
+    early: EarlyReport | None,
+    retiming: bool,
+) -> int:
+    """After the watch: time again what had company, collect, summarise and report; the exit status."""
+    opts = base.sweep
     retimed = retime.Retimed()
-    if search is None and opts.retime and not flight.interrupted:
+    if retiming and not flight.interrupted:
         with phase("timed again alone"):
             retimed = retime.time_again(record, runner, sweep_id, points, opts.poll_s, opts.store_wait_s)
             flight.interrupted = retimed.interrupted
@@ -146,13 +171,25 @@ def run_sweep(
         if away is not None:
             said = str(away).splitlines()[0][:200]
             display.console.print(
-                f"[red]the tracking server at {uri} did not answer[/red] ({said}): what it lacks waits in journals "
-                f"under {sweep_dir} (the report below is built from them); when it is back, python -m sweeper.sync "
-                f"{sweep_dir} sends it and writes the report again from there"
+                f"[red]the tracking server at {record.uri} did not answer[/red] ({said}): what it lacks waits in "
+                f"journals under {sweep_dir} (the report below is built from them); when it is back, "
+                f"python -m sweeper.sync {sweep_dir} sends it and writes the report again from there"
             )
         display.closing(report, record.uri, record.experiment_id, record.parent_id)
         timeline.write(sweep_dir)
     return 130 if flight.interrupted or stopped else 0 if ok and away is None else 1
+
+
+def close_abandoned(record: SweepRecord, sweep_dir: Path, error: BaseException) -> None:
+    """No run of the sweep stays RUNNING after ``error``. On a full disk the folder's reserve is given
+    back first, the store's room to close them, and the error becomes a DiskFullError saying whether it did."""
+    if not (full := disk_full(error)):
+        record.abandon(error)
+        return
+    folders.free_reserve(sweep_dir)
+    why = f"the disk was full ({full}): what this run trained was not all recorded"
+    why += f"; once space is free, python -m sweeper.sync {sweep_dir} sends what its journal holds"
+    raise folders.DiskFullError(full, record.abandon(error, why)) from error
 
 
 def preflight(runner: Runner, points: list[Point], dry_run: bool) -> str:

@@ -77,8 +77,17 @@ class SweepscaleLauncher(Launcher):
     @contextlib.contextmanager
     def sweep_folder(self) -> Iterator[Path]:
         """The sweep's folder, claimed; released again after a preview (--dry-run), and (with a clear
-        line, exit 2) where the sweep is refused before anything started, or the disk is full."""
-        from sweeper.folders import DISK_FULL, claim_folder, note_end, release_folder
+        line, exit 2) where the sweep is refused before anything started; on a full disk a line, exit 1."""
+        from sweeper.folders import (
+            CLOSED,
+            DISK_FULL,
+            LEFT_RUNNING,
+            DiskFullError,
+            claim_folder,
+            free_reserve,
+            note_end,
+            release_folder,
+        )
         from trainer.errors import ConfigError, disk_full
 
         sweep_dir = claim_folder(Path(str(self.config.hydra.sweep.dir)).resolve())
@@ -93,10 +102,15 @@ class SweepscaleLauncher(Launcher):
         except BaseException as e:  # Hydra's own refusals (an unknown key, a value of the wrong type), Ctrl-C
             release_folder(sweep_dir)
             if full := disk_full(e):  # a line, not MLflow's and SQLAlchemy's tracebacks
-                note_end(sweep_dir, f"its sweeper stopped: the disk was full ({full})")
-                print(f"Error: {DISK_FULL.format(folder=sweep_dir, error=full)}", file=sys.stderr)
+                closed = isinstance(e, DiskFullError) and e.closed
+                if not closed:  # the next sweep closes what this one left RUNNING, saying why
+                    note_end(sweep_dir, f"its sweeper stopped: the disk was full ({full})")
+                said = DISK_FULL.format(folder=sweep_dir, error=full, closed=CLOSED if closed else LEFT_RUNNING)
+                print(f"Error: {said}", file=sys.stderr)
                 sys.exit(1)
             raise
+        finally:
+            free_reserve(sweep_dir)  # the sweep has ended: its reserve back to the disk
 
 
 def compose_point(composer: Any, index: int, overrides: list[str], name: str, sweep_dir: Path) -> Any:

@@ -33,7 +33,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from trainer.metrics import TAG_PARENT
+from trainer.errors import disk_full
+from trainer.metrics import TAG_ERROR, TAG_PARENT
 
 FILE, SENT, FILES = "journal.jsonl", "journal.sent", "journal_files"
 RUN = "journal.run"  # a handed-off run's id, once its first sender created it
@@ -240,6 +241,8 @@ def apply(client: Any, run_id: str, entry: dict[str, Any], files: Path) -> str:
         client.log_artifact(run_id, str(path))
     elif op == "end":
         client.set_terminated(run_id, entry["status"], end_time=entry.get("end_ms"))  # when it ended, not when sent
+        if entry["status"] == "FINISHED" and TAG_ERROR in client.get_run(run_id).data.tags:
+            client.delete_tag(run_id, TAG_ERROR)  # the sweeper's word when it closed the run unsent (a full disk)
     # "close": nothing to write, the journal is done
     return ""
 
@@ -298,5 +301,6 @@ def send_left(folder: str | os.PathLike) -> list[tuple[Path, str]]:
         except Exception as e:
             if server_away(e):
                 away.add(uri)
-            out.append((path, f"not sent: {type(e).__name__}: {e}"[:300]))
+            said = f"the disk is full ({full})" if (full := disk_full(e)) else f"{type(e).__name__}: {e}"
+            out.append((path, f"not sent: {said}"[:300]))
     return out
