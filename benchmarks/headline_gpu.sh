@@ -102,7 +102,7 @@ xh, yh = inputs(3200); x, y = cp.asarray(xh), cp.asarray(yh)
 ms = {H: time_ms(our_step("fused", H, x, y, gemm="bf16x3", x_levels=PIXEL_LEVELS)) for H in (512, 1024, 2048)}
 print(sys.argv[1], " ".join(f"H={H} {t:.4f} ms" for H, t in ms.items()))' "round $round $([ "$code" = "$ROOT" ] && echo after || echo before)")
         done; done 2>&1 | tee -a "$RES/step.txt" ;;
-      search)  # hydra/sweeper=search on the GPU: a trial asked each time the worker frees (sweeper/search.py)
+      search)  # hydra/sweeper=search on the GPU: a trial asked each time the worker frees (sweeper/search/study.py)
         run search_precision "$ROOT" hydra/sweeper=search "hidden=choice(512,1024,2048)" \
           "lr=tag(log,interval(0.02,0.5))" epochs=3 "data.dir=$DATA" hydra.sweeper.n_trials=12
         run search_time_to_target "$ROOT" hydra/sweeper=search "hidden=choice(512,1024,2048)" \

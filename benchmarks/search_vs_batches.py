@@ -2,7 +2,7 @@
 
     python benchmarks/search_vs_batches.py [--trials 24] [--hydra-optuna SITE]
 
-A: ``python -m sweeper -m hydra/sweeper=search ...`` (sweeper/search.py: a trial asked each time a
+A: ``python -m sweeper -m hydra/sweeper=search ...`` (sweeper/search/study.py: a trial asked each time a
 slot frees, one set of warm workers for the whole search). B: Hydra's own Optuna sweeper
 (hydra-optuna-sweeper, which pins optuna<3: installed apart, in SITE, put first on PYTHONPATH)
 with ``n_jobs=2``, launching each batch of two trials through sweepscale's launcher, so that each

@@ -93,7 +93,7 @@ class SweepOptions:
     # does not answer cannot take waits in journals for `python -m sweeper.sync`.
     store_wait_s: float = 10.0
     # At the sweep's end, time again alone the points a scaling family's speedups would otherwise take
-    # from timings that had company (sweeper/retime.py).
+    # from timings that had company (sweeper/track/retime.py).
     retime: bool = True
 
 
@@ -124,7 +124,7 @@ class Pruner(Enum):
 
 @dataclass
 class SearchSweeperConfig:
-    """hydra/sweeper=search: an asynchronous Optuna search (sweeper/search.py); its keys under hydra.sweeper."""
+    """hydra/sweeper=search: an asynchronous Optuna search (sweeper/search/study.py); its keys under hydra.sweeper."""
 
     _target_: str = "hydra_plugins.sweepscale_launcher.search.SearchSweeper"
     n_trials: int = 20  # the study's trials in all: a study resumed runs what is left

@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from omegaconf import DictConfig
 
+POINTS_ARTIFACT = "points.json"  # the parent run's list of its points: the sweep writes it, the report reads it
+
 
 @dataclass(frozen=True)
 class Shape:

@@ -16,21 +16,23 @@ from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig
 
-from sweeper import ahead, display, folders, offline_report, records, retime, search_flow, timeline
-from sweeper.collect import close_runs, spent, stopped_early
+from sweeper import display, folders, timeline
 from sweeper.config import validate_sweep
-from sweeper.early_report import EarlyReport
-from sweeper.handoff import HandoffSender
-from sweeper.plan import distinct, plan
-from sweeper.point_files import prepare
+from sweeper.plan.point_files import prepare
+from sweeper.plan.shapes import distinct, plan
 from sweeper.points import Point
-from sweeper.records import SweepRecord, absolute_uri
 from sweeper.report import drawing
 from sweeper.runners.base import Runner, SchedulerAwayError, make_runner
 from sweeper.runners.earlier import EarlierJob
 from sweeper.runners.warm import withdraw_unclaimed
+from sweeper.search import flow as search_flow
 from sweeper.timeline import phase
-from sweeper.watch import Flight, interrupts_noted, watch
+from sweeper.track import ahead, offline_report, records, retime
+from sweeper.track.collect import close_runs, spent, stopped_early
+from sweeper.track.early_report import EarlyReport
+from sweeper.track.handoff import HandoffSender
+from sweeper.track.records import SweepRecord
+from sweeper.track.watch import Flight, interrupts_noted, watch
 from trainer import data, limits, metrics
 from trainer.core.clock import process_start
 from trainer.errors import disk_full
@@ -38,7 +40,7 @@ from trainer.record import journal, provenance, store, uri_check
 from trainer.record.checkpoint import resume_key
 
 if TYPE_CHECKING:
-    from sweeper.search import Search
+    from sweeper.search.study import Search
 
 
 def run_sweep(
@@ -61,7 +63,7 @@ def run_sweep(
         check_data(points)
     with phase("scheduler and store checks"):
         unchecked = preflight(runner, points, opts.dry_run)
-        uri = absolute_uri(store.tracking_uri(base.mlflow.tracking_uri))
+        uri = store.absolute_uri(store.tracking_uri(base.mlflow.tracking_uri))
         experiment = store.experiment_name(base.mlflow.experiment)
         uri_check.check_uri(uri)
     if opts.dry_run:
@@ -216,7 +218,7 @@ def open_sweep(
 ) -> tuple[list[Point], dict[str, str], dict[int, tuple[Point, EarlierJob]]]:
     """Close the sweeps whose sweeper died, find what earlier sweeps finished or still train, record
     the parent run and write each point's config (``ahead_of_store``: written, its points started
-    before the store was open, sweeper/ahead.py): the points to run, the hashes of those done
+    before the store was open, sweeper/track/ahead.py): the points to run, the hashes of those done
     before (-> their runs) and the points an earlier sweep's live job trains (index -> its job)."""
     closed, going_on = record.close_orphans(runner.live)
     for dead_id, folder in closed:  # its live jobs end after the points they train: this sweep runs the rest
@@ -317,7 +319,7 @@ def start_parent(
 def write_report(record: SweepRecord, sweep_dir: Path, target: float | None = None, offline: str | None = None) -> Any:
     """The study report of what finished (also after Ctrl-C), or None: a failure here fails no point.
     ``offline``: the tracking server is away; the report comes from the points' journals, the
-    parent ended so (sweeper/offline_report.py)."""
+    parent ended so (sweeper/track/offline_report.py)."""
     drawing.imported()  # the report's modules, imported in a thread while the points ran
     from sweeper.report import report_for
 

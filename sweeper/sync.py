@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from sweeper import display
-from sweeper.records import PARENT_JOURNAL
+from sweeper.track.records import PARENT_JOURNAL
 from trainer.record import journal
 from trainer.record.store import client
 

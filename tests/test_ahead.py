@@ -1,4 +1,4 @@
-"""A grid's points started before its store is open (sweeper/ahead.py): into a new SQLite store
+"""A grid's points started before its store is open (sweeper/track/ahead.py): into a new SQLite store
 their tickets go out before MLflow is imported, and each run still nests under the sweep's
 parent; into a store that exists the store decides first. Real stores, workers and ranks."""
 
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from sweeper.ahead import write_parent
+from sweeper.track.ahead import write_parent
 from tests.test_handoff import held_mlflow
 from tests.test_sweeper import FAST, children_of, parents, runs, sweep
 from trainer import metrics

@@ -17,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from hydra_plugins.sweepscale_launcher.compose import PointComposer
 from sweeper.config import register
-from sweeper.plan import SWEEP_ONLY_KEYS, trainer_config
+from sweeper.plan.shapes import SWEEP_ONLY_KEYS, trainer_config
 from tests.conftest import ROOT
 from trainer.config import TrainerConfig
 
@@ -45,7 +45,7 @@ def numbered(cfg: DictConfig, num: int) -> DictConfig:
 
 
 def old_trainer_config(sweep_cfg: DictConfig) -> DictConfig:
-    """sweeper/plan.py's trainer_config before issue #19: the reference the faster one must match."""
+    """sweeper/plan/shapes.py's trainer_config before issue #19: the reference the faster one must match."""
     values = {k: v for k, v in OmegaConf.to_container(sweep_cfg, resolve=True).items() if k not in SWEEP_ONLY_KEYS}
     cfg = OmegaConf.merge(OmegaConf.structured(TrainerConfig), values)
     cfg.check.cache_dir = str(Path(cfg.check.cache_dir).expanduser().resolve())

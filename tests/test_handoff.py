@@ -208,10 +208,10 @@ def test_a_sweep_whose_workers_never_load_mlflow_records_every_run(tmp_path, mlf
 def test_the_sweepers_sender_sends_a_run_that_started_and_ended_between_two_looks(mlflow_uri, tmp_path):
     """A tiny point can be claimed, trained and ended between two steps of the watch, never seen
     running: its journal is still sent by the sweeper's thread, not left for the sweep's end."""
-    from sweeper.handoff import HandoffSender
     from sweeper.points import Point
-    from sweeper.records import SweepRecord
-    from sweeper.watch import Flight
+    from sweeper.track.handoff import HandoffSender
+    from sweeper.track.records import SweepRecord
+    from sweeper.track.watch import Flight
 
     folder = tmp_path / "0"
     folder.mkdir()

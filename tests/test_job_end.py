@@ -1,15 +1,15 @@
-"""How a job's end reads (sweeper/job_end.py): a cancel is told from a failure by its first line, as
+"""How a job's end reads (sweeper/job/job_end.py): a cancel is told from a failure by its first line, as
 the closing table and the worker pool read it."""
 
 from __future__ import annotations
 
-from sweeper import job_end
+from sweeper.job import job_end
 
 # What a cold point's job raised, as submitit reports it: the job body's error is its trace's last line.
 SUBMITIT_TRACE = (
     "Job (task=0) failed during processing with trace:\n----------------------\n"
     'Traceback (most recent call last):\n  File "/x/submitit/core/submission.py", line 55, in process_job\n'
-    "sweeper.point_job.PointCancelledError: CANCELLED: trainer exited with status 143 (config c) on SIGTERM\n"
+    "sweeper.job.point_job.PointCancelledError: CANCELLED: trainer exited with status 143 (config c) on SIGTERM\n"
     "----------------------\nYou can check full logs with 'job.stderr(0)' and 'job.stdout(0)'"
 )
 # A worker whose step srun ended because its other task failed: the step's CANCELLED is a log line.
@@ -29,7 +29,7 @@ def test_a_cancel_is_read_from_the_first_line_of_a_jobs_end():
 
 def test_a_process_end_names_the_signal_its_status_carries():
     """#47: a rank killed by SIGKILL read "worker w1 exited with status 9"."""
-    from sweeper.point_job import ended
+    from sweeper.job.point_job import ended
 
     assert ended(9) == "exited with status 9 (mpiexec's, when a rank was killed by SIGKILL: the OOM killer, or kill -9)"
     assert ended(137) == "exited with status 137 (128 + 9: a process it ran was killed by SIGKILL)"

@@ -1,6 +1,6 @@
 """The house's layout, read from the source (AST): every import arrow in trainer/ and sweeper/
-points down, none closes a circle, and the trainer never imports the sweeper. Lazy imports inside
-functions and TYPE_CHECKING imports count: they are arrows a reader follows too."""
+points down their floors, none closes a circle, and the trainer never imports the sweeper. Lazy
+imports inside functions and TYPE_CHECKING imports count: they are arrows a reader follows too."""
 
 from __future__ import annotations
 
@@ -16,6 +16,11 @@ ROOT = Path(__file__).resolve().parents[1]
 CONTRACTS = {"config", "options", "data", "idx", "limits", "override_checks", "metrics", "errors"}
 WINGS = ["core", "gpu", "ranks", "record", "lifecycle"]
 DOORS = {"run", "worker", "worker_points", "warm_up", "step", "__main__"}
+# sweeper/'s floors, lowest first (each wing's __init__.py says what it holds and imports): the leaves
+# any wing may import, the wings in order, the doors (the flow and the commands) on top.
+SWEEPER_LEAVES = {"config", "display", "folders", "points", "timeline"}
+SWEEPER_WINGS = ["report", "job", "runners", "plan", "track", "search"]
+SWEEPER_DOORS = {"sweep", "__main__", "status", "sync"}
 
 
 def modules(package: str) -> dict[str, Path]:
@@ -46,16 +51,19 @@ GRAPH = {name: imports(path) - {name} for name, path in KNOWN.items()}
 
 
 def floor(module: str) -> int:
-    """0 for the contracts, 1.. for the wings in order, the top for the doors."""
+    """0 for the contracts (the sweeper's leaves), 1.. for the wings in order, the top for the doors."""
     parts = module.split(".")
-    if len(parts) == 1:  # trainer/__init__.py: a docstring
+    contracts, wings, doors = (
+        (CONTRACTS, WINGS, DOORS) if parts[0] == "trainer" else (SWEEPER_LEAVES, SWEEPER_WINGS, SWEEPER_DOORS)
+    )
+    if len(parts) == 1:  # the package's __init__.py: a docstring
         return 0
-    if parts[1] in CONTRACTS:
+    if parts[1] in contracts:
         return 0
-    if parts[1] in WINGS:
-        return 1 + WINGS.index(parts[1])
-    assert parts[1] in DOORS, f"{module}: not a contract, a wing or a door; give it a floor in tests/test_layout.py"
-    return 1 + len(WINGS)
+    if parts[1] in wings:
+        return 1 + wings.index(parts[1])
+    assert parts[1] in doors, f"{module}: not a contract, a wing or a door; give it a floor in tests/test_layout.py"
+    return 1 + len(wings)
 
 
 def test_every_trainer_module_has_a_floor_and_every_wing_says_what_lives_there():
@@ -66,14 +74,36 @@ def test_every_trainer_module_has_a_floor_and_every_wing_says_what_lives_there()
         assert doc and "Imports" in doc, f"trainer/{wing}/__init__.py must say what lives there and what it imports"
 
 
-def test_trainer_arrows_point_down():
+def test_every_sweeper_module_has_a_floor_and_every_wing_says_what_lives_there():
+    for name in modules("sweeper"):
+        floor(name)
+    for wing in SWEEPER_WINGS:
+        doc = ast.get_docstring(ast.parse((ROOT / "sweeper" / wing / "__init__.py").read_text()))
+        assert doc and "Imports" in doc, f"sweeper/{wing}/__init__.py must say what lives there and what it imports"
+    top = [p.name for p in (ROOT / "sweeper").glob("*.py")]
+    assert len(top) <= 10, f"sweeper/ holds {len(top)} modules at its top: give the new one its wing"
+
+
+@pytest.mark.parametrize("package", ["trainer", "sweeper"])
+def test_arrows_point_down(package):
     up = [
         f"{a} (floor {floor(a)}) -> {b} (floor {floor(b)})"
-        for a in modules("trainer")
+        for a in modules(package)
         for b in GRAPH[a]
-        if b.startswith("trainer") and floor(b) > floor(a)
+        if b.startswith(package) and floor(b) > floor(a)
     ]
     assert not up, "imports from a lower floor to a higher one:\n" + "\n".join(up)
+
+
+def test_no_relative_imports():
+    """The graph reads absolute imports only: a relative one would be an arrow no check sees."""
+    relative = [
+        f"{path.relative_to(ROOT)}:{node.lineno}"
+        for path in KNOWN.values()
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.ImportFrom) and node.level > 0
+    ]
+    assert not relative, relative
 
 
 def test_the_trainer_never_imports_the_sweeper():
@@ -121,3 +151,5 @@ def test_the_layout_test_sees_the_arrows():
     assert floor("trainer.core.loop") < floor("trainer.run")
     assert floor("trainer.gpu.nccl") < floor("trainer.ranks.parallel") < floor("trainer.record.tracking")
     assert "trainer.ranks.parallel" in GRAPH["trainer.run"]  # the graph sees `from trainer.ranks import parallel`
+    assert floor("sweeper.report.study") < floor("sweeper.track.records") < floor("sweeper.sweep")
+    assert "sweeper.track.records" in GRAPH["sweeper.sweep"]  # `from sweeper.track import records`

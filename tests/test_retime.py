@@ -1,4 +1,4 @@
-"""Points timed again alone at the sweep's end (sweeper/retime.py): which, how, and what the report takes."""
+"""Points timed again alone at the sweep's end (sweeper/track/retime.py): which, how, and what the report takes."""
 
 from __future__ import annotations
 

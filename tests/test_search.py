@@ -40,7 +40,7 @@ def states(s) -> list[str]:
 def test_space_from_hydra_grammar():
     from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
-    from sweeper.search_space import overrides, split
+    from sweeper.search.space import overrides, split
 
     args = ["lr=tag(log,interval(0.001,1))", "nproc=1,2", "hidden=range(16,80,16)", "reg=interval(0,0.1)"]
     space, fixed = split([*args, "epochs=2"])
@@ -171,7 +171,7 @@ def test_a_ctrl_c_inside_a_trials_store_write_interrupts_once_the_write_is_whole
     from sqlalchemy import event
     from sqlalchemy.engine import Engine
 
-    from sweeper.watch import interrupts_held
+    from sweeper.track.watch import interrupts_held
 
     url = f"sqlite:///{tmp_path / 'optuna.db'}"
     study = optuna.create_study(storage=url, study_name="s")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from sweeper.retime import SUFFIX
+from sweeper.track.retime import SUFFIX
 from tests.test_slurm_nodes import MULTI, multinode
 from tests.test_sweeper import FAST, SLURM, slurm, sweep
 from tests.test_warm import only_sweep

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from sweeper.retime import SUFFIX
+from sweeper.track.retime import SUFFIX
 from tests.conftest import ROOT
 from tests.test_docker import postgres_answers
 from tests.test_slurm_requeue import start_now, wait_for

@@ -116,8 +116,8 @@ def _history(uri: str, run_id: str, key: str):
 @slurm
 def test_the_segment_a_killed_step_leaves_is_the_one_the_wrapper_removes(tmp_path, monkeypatch):
     """Ranks that end without MPI_Finalize (aborted, killed) leave MPICH's segment in /dev/shm under
-    a name made from the job and step ids, which a requeued job reuses (sweeper/mpich_shm.py)."""
-    from sweeper import mpich_shm
+    a name made from the job and step ids, which a requeued job reuses (sweeper/job/mpich_shm.py)."""
+    from sweeper.job import mpich_shm
 
     job, step, leaked = _leave_a_segment(tmp_path)
     assert leaked.exists()
@@ -132,7 +132,7 @@ def test_the_segment_a_killed_step_leaves_is_the_one_the_wrapper_removes(tmp_pat
 @slurm
 def test_a_clusters_teardown_removes_the_segments_of_its_jobs_only(tmp_path):
     """scripts/slurm_down.sh gives /dev/shm back: what its jobs' killed steps left, nothing else."""
-    from sweeper import mpich_shm
+    from sweeper.job import mpich_shm
 
     job, _step, leaked = _leave_a_segment(tmp_path)
     other = mpich_shm.SHM / f"mpich_shm_{mpich_shm.world_id(job + '0', '0')}_0"  # not one of these jobs'
@@ -147,7 +147,7 @@ def test_a_clusters_teardown_removes_the_segments_of_its_jobs_only(tmp_path):
 def _leave_a_segment(tmp_path: Path) -> tuple[str, str, Path]:
     """A real step's job id, step id and the MPICH segment it left, as ranks killed before
     MPI_Finalize leave it."""
-    from sweeper import mpich_shm
+    from sweeper.job import mpich_shm
 
     script = tmp_path / "leave.py"
     script.write_text(
@@ -168,7 +168,7 @@ def test_a_job_whose_ids_an_earlier_cluster_used_starts_past_its_segment(tmp_pat
     of the last one left (CI's test cluster on a machine that ran it before). The next job ids are
     given such a segment: the job that gets one removes it before its ranks start (MPI_Init failed
     on it, or hung until the time limit)."""
-    from sweeper import mpich_shm
+    from sweeper.job import mpich_shm
 
     job, _step, leaked = _leave_a_segment(tmp_path)
     ids = subprocess.run(["squeue", "-h", "-o", "%A"], capture_output=True, text=True).stdout.split()

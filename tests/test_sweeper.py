@@ -112,7 +112,7 @@ def test_labels_name_points_by_what_varies():
 
 
 def test_slurm_shape_spreads_ranks_over_nodes():
-    from sweeper.plan import trainer_config
+    from sweeper.plan.shapes import trainer_config
     from sweeper.points import Point
     from sweeper.runners.slurm import SlurmRunner
     from trainer.errors import ConfigError

@@ -77,7 +77,7 @@ TAG_SWEEPER = "sweepscale.sweeper"  # "host pid" of the sweeper process: a later
 TAG_WARM = "sweepscale.warm"  # "true" | "false"
 TAG_WORKER = "sweepscale.worker"
 TAG_STOPPED = "sweepscale.stopped"  # a run the sweep stopped between epochs (a pruned trial): why
-TAG_TRIAL = "sweepscale.trial"  # a search's child run: its Optuna trial number (sweeper/search.py)
+TAG_TRIAL = "sweepscale.trial"  # a search's child run: its Optuna trial number (sweeper/search/study.py)
 TAG_SEARCH = "sweepscale.search"  # a search's parent run: its study, storage, objective, direction (JSON)
 # Each rank's node and device: "0=node1/gpu0 (NVIDIA H100 80GB HBM3); 1=node1/gpu1 (...)", or ".../cpu".
 TAG_RANK_DEVICES = "sweepscale.rank_devices"  # which worker served it (host:pid of its rank 0), warm runs only
@@ -105,7 +105,7 @@ HOST_WAIT_S = "timing/host_wait_s"
 CORE_WAIT = "timing/core_wait"
 TAG_TIMING_POLICY = "sweepscale.timing_policy"
 TAG_GRAPHS = "sweepscale.graphs_captured"  # gpu.graph: the CUDA graphs the training replayed (one a phase and batch)
-# A run the sweeper started at the sweep's end to time a point again alone (sweeper/retime.py): the
+# A run the sweeper started at the sweep's end to time a point again alone (sweeper/track/retime.py): the
 # id of the point's run, whose contended timings it stands for in the report (sweeper/report/study.py).
 TAG_TIMED_AGAIN_FOR = "sweepscale.timed_again_for"
 TAG_TIMED_AGAIN_BY = "sweepscale.timed_again_by"  # on the point's run, once that run FINISHED: its id
@@ -122,6 +122,7 @@ TIMING_TAGS = (
 
 
 # What every finished run records (its last value): what a search may take as its objective.
+TIME_TO_TARGET = "time_to_target"  # a search's objective: the seconds a trial took to reach report.target
 OBJECTIVES = (TEST_PRECISION, TRAIN_LOSS, TRAIN_LOSS_EPOCH, EPOCH_TIME, SAMPLES_PER_S, TFLOPS, "time/batch_ms")
 
 

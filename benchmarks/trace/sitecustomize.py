@@ -18,7 +18,7 @@ T0 = float(os.environ.get("TRACE_T0", "0") or 0)
 DIR = os.environ.get("TRACE_DIR")
 NAMES = {
     "sweeper.sweep": ["open_sweep", "write_report", "start_parent", "check_data", "resume"],
-    "sweeper.records": [
+    "sweeper.track.records": [
         "SweepRecord.__init__",
         "SweepRecord.start_parent",
         "SweepRecord.send_handed_off",
@@ -31,8 +31,8 @@ NAMES = {
     "trainer.record.store": ["client", "ensure_experiment"],
     "sweeper.runners.local": ["LocalRunner.start", "LocalRunner._start_workers", "LocalRunner.prestart"],
     "sweeper.runners.warm": ["WarmPool.tickets", "WarmPool.seal", "WarmPool.put", "WarmPool.add"],
-    "sweeper.early_report": ["EarlyReport._build", "EarlyReport.wait"],
-    "sweeper.collect": ["close_runs", "collect", "end_parent", "add_jobs"],
+    "sweeper.track.early_report": ["EarlyReport._build", "EarlyReport.wait"],
+    "sweeper.track.collect": ["close_runs", "collect", "end_parent", "add_jobs"],
     "sweeper.report.study": ["load", "load_point", "planned_points"],
     "sweeper.report.publish": ["build", "publish", "summary_markdown"],
     "sweeper.report.points_csv": ["write_csv"],

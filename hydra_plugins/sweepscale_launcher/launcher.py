@@ -49,10 +49,9 @@ class SweepscaleLauncher(Launcher):
         ]
 
     def search(self, arguments: list[str], options: Any) -> None:
-        """Run a search (sweeper/search.py): its points composed as the study asks for them."""
+        """Run a search (sweeper/search/study.py): its points composed as the study asks for them."""
         from hydra_plugins.sweepscale_launcher.compose import PointComposer
-        from sweeper.records import absolute_uri
-        from sweeper.search import Search
+        from sweeper.search.study import Search
         from sweeper.sweep import run_sweep
         from trainer import metrics
         from trainer.record import store
@@ -67,7 +66,7 @@ class SweepscaleLauncher(Launcher):
                     point.trainer.save.progress_dir = str(point.dir.resolve())  # read between epochs (pruning)
                 return point
 
-            uri = absolute_uri(store.tracking_uri(self.config.mlflow.tracking_uri))
+            uri = store.absolute_uri(store.tracking_uri(self.config.mlflow.tracking_uri))
             options.target = self.config.report.target  # objective=time_to_target's test precision
             search = Search(arguments, options, uri, make_point)
             status = run_sweep(self.config, [], sweep_dir, list(self.config.hydra.overrides.task), search=search)
@@ -115,7 +114,7 @@ class SweepscaleLauncher(Launcher):
 
 def compose_point(composer: Any, index: int, overrides: list[str], name: str, sweep_dir: Path) -> Any:
     """Point ``index`` of the sweep: its config composed by Hydra's rules, its folder Hydra's subdir."""
-    from sweeper.plan import trainer_config
+    from sweeper.plan.shapes import trainer_config
     from sweeper.points import Point
 
     cfg = composer.compose(overrides)

@@ -2,7 +2,7 @@
 
 Where Hydra's Optuna sweeper launches trials in batches and waits for each batch's slowest, this
 sweeper hands the whole search to sweepscale's launcher, which asks the study for a trial each time
-a warm worker frees (sweeper/search.py). sweeper/config.py registers its schema.
+a warm worker frees (sweeper/search/study.py). sweeper/config.py registers its schema.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ class SearchSweeper(Sweeper):
         pruner: Any = "none",
         prune_threshold: float | None = None,
     ) -> None:
-        from sweeper.search_options import SearchOptions
+        from sweeper.search.options import SearchOptions
 
         direction, pruner = (str(getattr(v, "name", v)) for v in (direction, pruner))  # the schema's enums
         self.options = SearchOptions(n_trials, objective, direction, study_name, storage, seed, pruner, prune_threshold)
@@ -49,4 +49,4 @@ class SearchSweeper(Sweeper):
         return []
 
     def validate_batch_is_legal(self, batch: Sequence[Sequence[str]]) -> None:
-        pass  # the search checks the ends of its space before anything starts (sweeper/search.py corners)
+        pass  # the search checks the ends of its space before anything starts (sweeper/search/study.py corners)

@@ -3,7 +3,10 @@
 study.py reads a sweep from MLflow, analysis.py finds axes, scaling families, divergence and
 regimes, overhead.py what the sweep cost around its training, convergence.py / scaling.py /
 roofline.py draw, page.py writes the HTML, publish.py puts it all in the sweep folder and on the
-parent run. ``python -m sweeper.report`` rebuilds it.
+parent run. ``python -m sweeper.report`` rebuilds it; ``resources`` totals what a sweep held.
+
+Imports the sweeper's leaves (``points``) and the trainer's contracts and record wing, nothing of
+the other wings: ``track``, ``sync`` and the doors import it.
 """
 
 from __future__ import annotations

@@ -75,9 +75,8 @@ def store_arguments(parser: argparse.ArgumentParser) -> None:
 
 def open_experiment(args: argparse.Namespace) -> tuple[Any, str]:
     """The store's client and the experiment's id; without the experiment, an error and exit status 2."""
-    from sweeper.records import absolute_uri
 
-    uri = absolute_uri(store.tracking_uri(args.tracking_uri))
+    uri = store.absolute_uri(store.tracking_uri(args.tracking_uri))
     db = store.sqlite_file(uri)
     if db is not None and not db.is_file():  # opening it would create an empty store
         print(f"Error: no MLflow store at {db}; run a sweep here first, or pass --tracking-uri", file=sys.stderr)

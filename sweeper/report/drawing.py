@@ -135,7 +135,7 @@ def draw(fn: Callable[..., Any], *args: Any) -> Future[Any]:
 
 def remember() -> None:
     """From now on keep each figure drawn with its arguments: the report built while the checks land
-    (sweeper/early_report.py) draws what the sweep's own report then reuses."""
+    (sweeper/track/early_report.py) draws what the sweep's own report then reuses."""
     global _made
     if _made is None:
         _made = []

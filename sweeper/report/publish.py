@@ -13,13 +13,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sweeper import resources
 from sweeper.report import (
     analysis,
     convergence,
     families,
     findings,
     page,
+    resources,
     scaling,
     search_progress,
     time_to_target,

@@ -1,4 +1,4 @@
-"""A search's own figure (hydra/sweeper=search, sweeper/search.py): its objective by trial with the
+"""A search's own figure (hydra/sweeper=search, sweeper/search/study.py): its objective by trial with the
 best so far, and against each searched value, a colour per nproc. Read from the runs alone: each
 trial's run carries its trial number (tag), the parent run what was searched towards what."""
 
@@ -12,7 +12,6 @@ from typing import Any
 from sweeper.report.analysis import seconds_to_target
 from sweeper.report.plotting import fmt, grid, palette, save, use_log
 from sweeper.report.study import Point
-from sweeper.search_options import TIME_TO_TARGET
 from trainer import metrics
 
 
@@ -22,7 +21,7 @@ def trials(points: Sequence[Point], objective: str, target: float | None = None)
     out = []
     for p in points:
         number, value = p.tags.get(metrics.TAG_TRIAL), p.metrics.get(objective)
-        if objective == TIME_TO_TARGET and target is not None:
+        if objective == metrics.TIME_TO_TARGET and target is not None:
             value = seconds_to_target(p.precision, p.epoch_s, target)
             value = math.inf if value is None else value
         if number is not None and value is not None and p.status == "FINISHED":
@@ -39,7 +38,7 @@ def best_so_far(values: Sequence[float], maximize: bool) -> list[float]:
 
 def figure(points: Sequence[Point], search: dict[str, Any], out: Path) -> Path | str:
     """Objective by trial (best so far as a step line), the objective against each searched key,
-    and each key's importance where the search found it. ``search``: the parent's tag (sweeper/search.py)."""
+    and each key's importance where the search found it. ``search``: the parent's tag (sweeper/search/study.py)."""
     from matplotlib import ticker
 
     objective, direction, importance = search["objective"], search["direction"], search.get("importance", {})
@@ -48,7 +47,7 @@ def figure(points: Sequence[Point], search: dict[str, Any], out: Path) -> Path |
         return f"no finished trial recorded {objective}"
     reached = [v for _n, v, _p in rows if math.isfinite(v)]
     ceiling = (max(reached) if reached else 1.0) * 1.15  # where a target never reached is drawn
-    if objective == TIME_TO_TARGET:
+    if objective == metrics.TIME_TO_TARGET:
         objective = f"seconds to precision {search['target']:g}"
     missed = {n for n, v, _p in rows if not math.isfinite(v)}
     best = best_so_far([v for _n, v, _p in rows], direction == "maximize")

@@ -12,10 +12,10 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
 
+from sweeper.points import POINTS_ARTIFACT
 from sweeper.report.analysis import Divergence, divergence
 from trainer import metrics
 
-POINTS_ARTIFACT = "points.json"
 SAMPLED = 2000  # values of one metric's history a report reads at most (a loss logged every step: 10^6)
 CHECK_TAGS = (metrics.TAG_CHECK, metrics.TAG_REFERENCE, metrics.TAG_REFERENCE_KEY)  # set when a check lands
 # Config keys that say where a run is recorded or how it is started, not what it computes.
@@ -53,7 +53,7 @@ class Point:
     def without_check(self) -> Point:
         """This point without what its CPU check logs (its errors and tags), which may land after the
         rest: what every figure but the weight error's is drawn from, so that a figure drawn while
-        the checks land (sweeper/early_report.py) is not drawn again once they have."""
+        the checks land (sweeper/track/early_report.py) is not drawn again once they have."""
         return replace(
             self,
             metrics={k: v for k, v in self.metrics.items() if not k.startswith(metrics.CHECK_PREFIX)},
@@ -153,7 +153,7 @@ def point_of(run: Any, name: str, reused: bool = False) -> Point:
 
 def load_point(client: Any, run: Any, name: str, reused: bool = False) -> Point:
     """The point with its series; with the timings of the run that timed it again alone, where the
-    sweep did (sweeper/retime.py)."""
+    sweep did (sweeper/track/retime.py)."""
     point, rid = point_of(run, name, reused), run.info.run_id
     point.loss = series(client, rid, metrics.TRAIN_LOSS)
     point.loss_epoch = series(client, rid, metrics.TRAIN_LOSS_EPOCH)

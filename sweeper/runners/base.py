@@ -66,8 +66,8 @@ class Runner(Protocol):
 
     def hands_off(self, points: list[Point]) -> bool:
         """Whether these points' runs are created by the sweeper, from the journals its jobs write
-        (local warm workers on a SQLite store, sweeper/handoff.py), not by the jobs: they may start
-        before the sweep's parent run exists (sweeper/ahead.py)."""
+        (local warm workers on a SQLite store, sweeper/track/handoff.py), not by the jobs: they may start
+        before the sweep's parent run exists (sweeper/track/ahead.py)."""
         ...
 
     def prestart(self, points: list[Point]) -> None:

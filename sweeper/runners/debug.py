@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
-from sweeper.point_job import PointFailedError
+from sweeper.job.point_job import PointFailedError
 from sweeper.points import Point, Shape
 from sweeper.runners.base import WithoutScheduler
 from trainer.errors import ConfigError

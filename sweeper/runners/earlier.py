@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from sweeper.point_job import PointFailedError
+from sweeper.job.point_job import PointFailedError
 
 POLL_S = 2.0  # the run's status, and squeue if it is still RUNNING: gently, it trains for a while
 

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from sweeper.point_job import run_point, run_worker
+from sweeper.job.point_job import run_point, run_worker
 from sweeper.points import Point, Shape
 from sweeper.runners.base import WithoutScheduler
 from sweeper.runners.warm import Queue, Ticket, WarmPool, unstarted
@@ -48,7 +48,7 @@ class LocalRunner(WithoutScheduler):
         self.held: dict[str, tuple[list[int], int]] = {}  # job id -> the GPUs and the CPU cores it holds
         self.executor = None
         self.pool = WarmPool(folder, launcher.max_restarts) if launcher.warm else None
-        self.streaming = False  # a search's (sweeper/search_flow.py): points come while the sweep runs
+        self.streaming = False  # a search's (sweeper/search/flow.py): points come while the sweep runs
         self.submitted: dict[str, float] = {}  # a warm worker's job id -> when it was started (monotonic)
         self.slots: dict[
             tuple[Path, str], int

@@ -4,7 +4,7 @@ A terminal's Ctrl-C goes to its whole foreground process group: with submitit's 
 that is the sweeper, every job's controller and every trainer. Each of those then ended on its
 own, and the controllers printed their KeyboardInterrupt (2-4 tracebacks over the sweep's one
 line). In sessions of their own the jobs hear nothing from the terminal: the sweeper alone gets
-the Ctrl-C, and ends them as it ends them on SIGTERM (sweeper/watch.py: SIGTERM to each job, its
+the Ctrl-C, and ends them as it ends them on SIGTERM (sweeper/track/watch.py: SIGTERM to each job, its
 runs end KILLED). Detached, they must still end with the sweeper: on Linux each controller asks
 the kernel for a SIGTERM when the sweeper dies (a SIGKILL, a closed login), which it passes to its
 trainer, whose run then ends KILLED; a later sweep would otherwise run the point beside it.

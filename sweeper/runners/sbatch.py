@@ -72,7 +72,7 @@ def slurm_parameters(
 def srun_own(mode: str) -> list[str]:
     """srun's flags for the ranks it starts: their PMI plugin, and the step ended when a task fails
     (a rank that dies before MPI is up, its siblings waiting in MPI_Init, held the job until its
-    time limit). A requeue's other tasks exit 0 for it (sweeper/point_job.py)."""
+    time limit). A requeue's other tasks exit 0 for it (sweeper/job/point_job.py)."""
     return [f"--mpi={mode}", "--kill-on-bad-exit=1"]
 
 

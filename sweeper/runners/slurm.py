@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from sweeper.display import console
-from sweeper.point_job import run_point, run_worker
+from sweeper.job.point_job import run_point, run_worker
 from sweeper.points import Point, Shape
 from sweeper.runners import bootstrap, partition
 from sweeper.runners.base import SchedulerAwayError
@@ -208,7 +208,7 @@ class SlurmRunner:
         chunk whose worker died with points left."""
         pool = self.pool
         known = {p.index for q in pool.queues for p in q.points}
-        new = [p for p in queued if p.index not in known]  # a later round's points too (sweeper/retime.py)
+        new = [p for p in queued if p.index not in known]  # a later round's points too (sweeper/track/retime.py)
         fresh = pool.add(new, chunk=self.launcher.points_per_job) if new else []
         pool.ended_workers()
         again = [q for q in pool.queues if q not in fresh and not q.live() and pool.needs_workers(q)]

@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 from omegaconf import OmegaConf
 
-from sweeper import job_end
-from sweeper.point_job import PointFailedError
+from sweeper.job import job_end
+from sweeper.job.point_job import PointFailedError
 from sweeper.runners.sbatch import SETUP_FAILED
 from trainer.gpu import policy
 from trainer.lifecycle import queue_files as protocol
@@ -216,7 +216,7 @@ class WarmPool:
         return added
 
     def put(self, points: list[Point], tickets: bool = True) -> None:
-        """A search's points (sweeper/search.py), each in its kind's streaming queue (opened for a
+        """A search's points (sweeper/search/study.py), each in its kind's streaming queue (opened for a
         kind not seen before), with its ticket; without ``tickets``, points that stand for their
         kinds: the queues open and their workers start before any trial is asked."""
         for p in points:

@@ -1,4 +1,4 @@
-"""A run a sweep steers while it trains (a search's trial, sweeper/search.py): each epoch's values
+"""A run a sweep steers while it trains (a search's trial, sweeper/search/study.py): each epoch's values
 appended to ``progress.jsonl`` in ``save.progress_dir``, and a ``stop`` file there, written by the
 sweeper, ends the run after the epoch it lands in: its run ends KILLED, tagged with why (a
 pruned trial), and its ranks go on to the next point. Standard library only: the sweeper reads and

@@ -4,7 +4,7 @@ A queue is a folder: ``todo/<n>`` tickets (each naming a point's folder), ``clai
 (a ticket renamed by the worker that took it: atomic, so no point is taken twice), ``owner`` (the
 sweeper filling it, "host pid") and ``sealed`` (every ticket written). A grid's tickets are all
 written before its seal; a search's queue says ``streaming``: its tickets come one by one while
-its workers train (sweeper/search.py), until the seal. A worker writes ``result.json`` in the
+its workers train (sweeper/search/study.py), until the seal. A worker writes ``result.json`` in the
 point's folder once the point's run has ended and its check landed (``trained`` before, once
 its training ended). Standard library only: the
 sweeper (sweeper/runners/warm.py) and the worker (trainer/worker.py) both speak it.
@@ -27,7 +27,7 @@ SEALED = "sealed"  # every ticket is written
 STREAMING = "streaming"  # tickets come while the workers train, until the seal
 OWNER = "owner"  # "host pid" of the sweeper that fills the queue
 SEAL_POLL_S = 0.01
-POINT_DATA = "point.json"  # beside point.yaml, the config a cold job runs (sweeper/point_files.py)
+POINT_DATA = "point.json"  # beside point.yaml, the config a cold job runs (sweeper/plan/point_files.py)
 RESULT = "result.json"
 TRAINED = "trained"  # the point's run ended with its training; its CPU check may still compute (a search tells it)
 DATA_HINT = "SWEEPSCALE_DATA"  # the queue's data set (data_key as JSON): loaded while the sweeper records

@@ -8,7 +8,7 @@ The warning before a time limit (submitit's ``#SBATCH --signal=USR2@90``) is SIG
 raises a flag: the ranks finish the epoch they are in (its checkpoint is written,
 trainer/record/checkpoint.py), agree that one of them was warned, and stop together. The run then ends
 KILLED and the process exits with :data:`REQUEUE_STATUS`, which tells the job's wrapper
-(sweeper/point_job.py) to requeue the job, which resumes from the checkpoint into the same run;
+(sweeper/job/point_job.py) to requeue the job, which resumes from the checkpoint into the same run;
 after ``launcher.max_requeues`` restarts it ends FAILED instead, saying how far it got.
 """
 

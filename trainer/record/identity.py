@@ -1,5 +1,5 @@
 """A run's identity: the keys of its config that change its result, and the config hash made of
-them, the key by which a resumed sweep skips the points it finished (sweeper/records.py)."""
+them, the key by which a resumed sweep skips the points it finished (sweeper/track/records.py)."""
 
 from __future__ import annotations
 

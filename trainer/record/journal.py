@@ -13,7 +13,7 @@ it with; another rank that fails appends its error and the run's end), and the s
 MLflow loaded, creates and sends it at every poll. The worker's end sends what its sweeper did not
 (a sweeper gone). The first sender creates the run and notes its id in ``journal.run``; a lock on
 the folder keeps two senders from sending a line twice at once. A run started before its sweep's
-parent existed (sweeper/ahead.py) is told it in ``journal.parent``.
+parent existed (sweeper/track/ahead.py) is told it in ``journal.parent``.
 The byte offset sent is kept in ``journal.sent``. A server that is down holds nothing up: the
 thread retries, the run's process waits for it at its end for at most ``DRAIN_S``, and what is
 left is sent by ``python -m sweeper.sync`` (and by the sweep's end) from the journal alone. A line

@@ -40,6 +40,14 @@ def tracking_uri(configured: str | None) -> str:
     return configured or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_URI
 
 
+def absolute_uri(uri: str) -> str:
+    """Jobs run in other folders (and on other nodes): make a relative SQLite path absolute."""
+    prefix = "sqlite:///"
+    if uri.startswith(prefix) and not uri.startswith(prefix + "/"):
+        return prefix + str(Path(uri[len(prefix) :]).resolve())
+    return uri
+
+
 NAME_MAX = 500  # MLflow's longest experiment name
 
 

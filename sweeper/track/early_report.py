@@ -19,8 +19,8 @@ from sweeper.timeline import phase
 from trainer.lifecycle import queue_files
 
 if TYPE_CHECKING:
-    from sweeper.records import SweepRecord
-    from sweeper.watch import Flight
+    from sweeper.track.records import SweepRecord
+    from sweeper.track.watch import Flight
 
 CHECKS_POLL_S = 0.02  # how often the checks' thread looks for the points' results
 

@@ -34,7 +34,6 @@ class SearchOptions:
 
 # An objective no run records: the training seconds to report.target, from the trial's epochs
 # (sweeper/report/analysis.py seconds_to_target); a trial that never reaches it is told infinity.
-TIME_TO_TARGET = "time_to_target"
 
 
 def progress_keys() -> tuple[str, ...]:
@@ -46,17 +45,17 @@ def check(opts: SearchOptions) -> None:
     """ConfigError naming the key and the fix, before anything starts."""
     if opts.n_trials < 1:
         raise ConfigError(f"hydra.sweeper.n_trials={opts.n_trials}: a search needs at least 1 trial")
-    if opts.objective not in (*metrics.OBJECTIVES, TIME_TO_TARGET):
+    if opts.objective not in (*metrics.OBJECTIVES, metrics.TIME_TO_TARGET):
         raise ConfigError(
             f"hydra.sweeper.objective={opts.objective}: no run records it; use one of "
-            f"{', '.join((*metrics.OBJECTIVES, TIME_TO_TARGET))}"
+            f"{', '.join((*metrics.OBJECTIVES, metrics.TIME_TO_TARGET))}"
         )
     if opts.pruner != "none" and opts.objective not in progress_keys():
         raise ConfigError(
             f"hydra.sweeper.pruner={opts.pruner} judges a trial by its objective each epoch, and "
             f"{opts.objective} is not recorded each epoch: use one of {', '.join(progress_keys())}"
         )
-    if opts.objective == TIME_TO_TARGET and opts.target is None:
+    if opts.objective == metrics.TIME_TO_TARGET and opts.target is None:
         raise ConfigError(
             "hydra.sweeper.objective=time_to_target needs the test precision to reach: set report.target, e.g. 0.9"
         )

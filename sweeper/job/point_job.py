@@ -15,7 +15,7 @@ import subprocess
 import sys
 from typing import Any, NoReturn
 
-from sweeper import mpich_shm
+from sweeper.job import mpich_shm
 from trainer.lifecycle import requeue
 from trainer.lifecycle.requeue import REQUEUE_STATUS
 

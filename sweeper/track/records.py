@@ -12,22 +12,13 @@ from typing import Any
 
 from sweeper.config import FLAGS
 from sweeper.folders import ending_note
-from sweeper.points import NOT_NAMES, Point
-from sweeper.report.study import POINTS_ARTIFACT
+from sweeper.points import NOT_NAMES, POINTS_ARTIFACT, Point
 from trainer import metrics
 from trainer.ranks.processes import alive, owner
 from trainer.record import journal, store
 
 SEND_BUDGET_S = 1.0  # a handed-off run's lines sent per look, at most this long (a worker may write faster)
 PARENT_JOURNAL = "parent"  # the sweep folder's subfolder where its parent's end waits for an absent server
-
-
-def absolute_uri(uri: str) -> str:
-    """Jobs run in other folders (and on other nodes): make a relative SQLite path absolute."""
-    prefix = "sqlite:///"
-    if uri.startswith(prefix) and not uri.startswith(prefix + "/"):
-        return prefix + str(Path(uri[len(prefix) :]).resolve())
-    return uri
 
 
 def points_json(points: list[Point], reused: dict[str, str]) -> list[dict]:
@@ -38,7 +29,7 @@ def points_json(points: list[Point], reused: dict[str, str]) -> list[dict]:
 
 class SweepRecord:
     def __init__(self, uri: str, experiment: str) -> None:
-        self.uri, self.experiment = absolute_uri(uri), experiment
+        self.uri, self.experiment = store.absolute_uri(uri), experiment
         self.client = store.client(self.uri)
         self.experiment_id = store.ensure_experiment(self.client, self.uri, experiment)
         self.parent_id: str | None = None
@@ -64,7 +55,7 @@ class SweepRecord:
         runs = self.client.search_runs(
             [self.experiment_id], filter_string="attributes.status = 'FINISHED'", max_results=50000
         )
-        return {  # a point's retiming (sweeper/retime.py) times it: it stands for no point's result
+        return {  # a point's retiming (sweeper/track/retime.py) times it: it stands for no point's result
             r.data.tags[metrics.TAG_CONFIG_HASH]: r.info.run_id
             for r in runs
             if metrics.TAG_CONFIG_HASH in r.data.tags and metrics.TAG_TIMED_AGAIN_FOR not in r.data.tags
@@ -113,7 +104,7 @@ class SweepRecord:
         for key, value in params.items():
             self.client.log_param(self.parent_id, key, value)
         self.client.log_dict(self.parent_id, points, POINTS_ARTIFACT)
-        self.started = (name, tags, params, points)  # for a report built offline (sweeper/offline_report.py)
+        self.started = (name, tags, params, points)  # for a report built offline (sweeper/track/offline_report.py)
         return self.parent_id
 
     def replan(self, points: list[Point], reused: dict[str, str]) -> None:

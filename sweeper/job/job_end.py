@@ -26,7 +26,7 @@ def one_line(error: BaseException | str | None) -> str:
         lines = [line for line in trace.strip().splitlines() if line.strip()]
         text = lines[-1] if lines else text
     first = text.splitlines()[0] if text else ""
-    for ours in ("sweeper.point_job.PointFailedError: ", "sweeper.point_job.PointCancelledError: "):
+    for ours in ("sweeper.job.point_job.PointFailedError: ", "sweeper.job.point_job.PointCancelledError: "):
         first = first.removeprefix(ours)  # the job body's own words need no class path
     return first
 

@@ -1,7 +1,7 @@
 """A point's folder (Hydra's per-job dir): the config its job runs, and links to the job's logs.
 
 Every job runs the trainer's own CLI on the config written here:
-``python -m trainer --config-dir <point dir> --config-name point`` (sweeper/point_job.py).
+``python -m trainer --config-dir <point dir> --config-name point`` (sweeper/job/point_job.py).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from omegaconf import OmegaConf, open_dict
 
-from sweeper.point_job import POINT_CONFIG
+from sweeper.job.point_job import POINT_CONFIG
 from sweeper.points import Point
 from trainer import metrics
 from trainer.lifecycle.queue_files import POINT_DATA
@@ -31,7 +31,7 @@ def prepare(
     resume_from: str = "",
 ) -> None:
     """Fill in where the child run is recorded, under ``parent_id`` (None: the parent is told later,
-    sweeper/ahead.py), and with ``checkpoints``, where its trainer keeps them: the point's folder,
+    sweeper/track/ahead.py), and with ``checkpoints``, where its trainer keeps them: the point's folder,
     or ``resume_from``, an earlier sweep's point folder whose checkpoint it goes on from; and write
     the point's config for its job."""
     t = point.trainer

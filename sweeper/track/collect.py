@@ -7,12 +7,14 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from sweeper import display, job_end, resources
-from sweeper.point_files import link_rank_logs
+from sweeper import display
+from sweeper.job import job_end
+from sweeper.plan.point_files import link_rank_logs
 from sweeper.points import Point
-from sweeper.records import PARENT_JOURNAL, SweepRecord
+from sweeper.report import resources
 from sweeper.runners.base import Runner
-from sweeper.watch import Flight
+from sweeper.track.records import PARENT_JOURNAL, SweepRecord
+from sweeper.track.watch import Flight
 from trainer import metrics
 from trainer.record import journal, store
 
@@ -61,7 +63,7 @@ def collect(
             if error is not None and status == "FINISHED":
                 status = "FAILED"
             if status == "KILLED" and error is None and run is not None and metrics.TAG_STOPPED in run.data.tags:
-                status = "PRUNED"  # a search stopped it between epochs (sweeper/search.py): no failure
+                status = "PRUNED"  # a search stopped it between epochs (sweeper/search/study.py): no failure
             text = ""
             if status == "PRUNED":
                 text = run.data.tags[metrics.TAG_STOPPED]
@@ -104,7 +106,7 @@ def close_runs(
 ) -> tuple[list, Exception | None]:
     """Each point's outcome, read from the store (or, the tracking server away, from the jobs), and
     the parent run ended; the server's error where it did not answer, else None. ``also``: the
-    sweep's other runs, whose devices count in its totals (sweeper/retime.py)."""
+    sweep's other runs, whose devices count in its totals (sweeper/track/retime.py)."""
     away: Exception | None = None
     try:
         if record.uri.startswith(("http://", "https://")):  # what points left while the server was away
@@ -138,7 +140,7 @@ def close_runs(
 
 def spent(outcomes: list[display.Outcome], also: list[Any] = ()) -> list[resources.Held]:
     """What this sweep's runs held (a point it skipped was paid for by an earlier sweep); ``also``:
-    its other runs (the points it timed again alone, sweeper/retime.py)."""
+    its other runs (the points it timed again alone, sweeper/track/retime.py)."""
     ran = [o.run for o in outcomes if o.run is not None and o.status != "SKIPPED"] + list(also)
     return resources.held((int(r.data.params.get("nproc", 1)), r.data.metrics) for r in ran)
 

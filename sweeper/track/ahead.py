@@ -1,7 +1,7 @@
 """A grid's points started before its store is open, where the store cannot change which of them
 run: a new SQLite store (nothing FINISHED to skip, no checkpoint to resume, no earlier sweep's
 job going on) whose runs this sweeper creates itself from its warm workers' journals
-(sweeper/handoff.py). Their tickets go out as soon as the points are planned, then MLflow imports
+(sweeper/track/handoff.py). Their tickets go out as soon as the points are planned, then MLflow imports
 (2-3 s on a GPU node, what the workers' own start takes; begun before the tickets, in one GIL, it
 slowed them); each point's config then names no parent run. Once MLflow is in and the parent
 created, each point's folder is told its id (trainer/record/journal.py), and the run's first sender
@@ -13,10 +13,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from sweeper.point_files import prepare
+from sweeper.plan.point_files import prepare
 from sweeper.points import Point
 from sweeper.runners.base import Runner
-from sweeper.watch import Flight, step
+from sweeper.track.watch import Flight, step
 from trainer.record import journal, store
 
 

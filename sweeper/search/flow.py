@@ -1,5 +1,5 @@
 """A search within the sweep's flow (sweeper/sweep.py): its checks, its first trials, the watch
-fed a trial at a time, its end. The study's own rules live in sweeper/search.py."""
+fed a trial at a time, its end. The study's own rules live in sweeper/search/study.py."""
 
 from __future__ import annotations
 
@@ -7,18 +7,18 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from sweeper import display
-from sweeper.plan import plan
-from sweeper.point_files import prepare
+from sweeper.plan.point_files import prepare
+from sweeper.plan.shapes import plan
 from sweeper.points import Point
-from sweeper.search_space import overrides
+from sweeper.search.space import overrides
 from trainer import metrics
 from trainer.errors import ConfigError
 
 if TYPE_CHECKING:
-    from sweeper.records import SweepRecord
     from sweeper.runners.base import Runner
-    from sweeper.search import Search
-    from sweeper.watch import Flight
+    from sweeper.search.study import Search
+    from sweeper.track.records import SweepRecord
+    from sweeper.track.watch import Flight
 
 NEEDS = (
     "hydra/sweeper=search runs its trials on warm workers of this machine: use launcher=local "
@@ -87,7 +87,7 @@ def feed(
             search.tell(p, record.client.get_run(done_before[p.config_hash]), None)
 
     def run_of(point: Point) -> Any:
-        record.send_handed_off([point.dir], budget_s=None)  # its worker's journal, whole (sweeper/handoff.py)
+        record.send_handed_off([point.dir], budget_s=None)  # its worker's journal, whole (sweeper/track/handoff.py)
         return record.children(sweep_id).get(point.name)
 
     def ready(new: list[Point]) -> list[Point]:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from sweeper import display
-from sweeper.point_files import link_logs
+from sweeper.plan.point_files import link_logs
 from sweeper.points import Point
 
 if TYPE_CHECKING:
@@ -47,10 +47,10 @@ def watch(
 ) -> Flight:
     """Run ``todo`` to its end (or to an interrupt), and watch ``earlier`` (index -> (point, job)
     an earlier sweep left running) to theirs; ``total`` and ``skipped`` are for the counts.
-    ``more``: a search's next points, asked at every step (sweeper/search.py); the watch ends once
+    ``more``: a search's next points, asked at every step (sweeper/search/study.py); the watch ends once
     it gives none and nothing is queued or running. ``each``: called after every step (the runs
     warm workers handed off, sent). ``ahead``: ``todo``'s flight, started before the store was
-    open (sweeper/ahead.py). ``label``: the progress line's."""
+    open (sweeper/track/ahead.py). ``label``: the progress line's."""
     flight = ahead or Flight(list(todo), running=dict(earlier or {}), earlier=set(earlier or {}))
     flight.started = {**flight.started, **{i: p for i, (p, _job) in flight.running.items()}}
     previous = signal.signal(signal.SIGTERM, _interrupt)

@@ -23,25 +23,27 @@ from typing import TYPE_CHECKING, Any
 from omegaconf import open_dict
 
 from sweeper import display
-from sweeper.plan import plan
-from sweeper.point_files import prepare
+from sweeper.plan.point_files import prepare
+from sweeper.plan.shapes import plan
 from sweeper.points import Point
 from sweeper.report.families import company, to_time_alone
 from sweeper.report.study import point_of
-from sweeper.watch import watch
+from sweeper.track.watch import watch
 from trainer import metrics
 from trainer.record import store
 
 if TYPE_CHECKING:
-    from sweeper.records import SweepRecord
     from sweeper.runners.base import Runner
+    from sweeper.track.records import SweepRecord
 
 SUFFIX = " (timed alone)"  # the run name of a point's retiming
 
 
 def chosen(record: SweepRecord, sweep_id: str, points: list[Point]) -> list[tuple[Point, Any]]:
     """The points of this sweep to time again, each with its FINISHED run."""
-    record.send_handed_off([p.dir for p in points], budget_s=None)  # what the watch left unsent (sweeper/handoff.py)
+    record.send_handed_off(
+        [p.dir for p in points], budget_s=None
+    )  # what the watch left unsent (track/handoff.py)
     runs = record.children(sweep_id)
     ran = [(p, runs[p.name]) for p in points if p.name in runs and runs[p.name].info.status == "FINISHED"]
     summaries = [point_of(run, p.name) for p, run in ran]
@@ -103,7 +105,7 @@ def _time_again(record: SweepRecord, runner: Runner, sweep_id: str, points: list
         runner.prestart([again])
         # Its run handed off once it ended, not while it trains: the sends would take its cores.
         flight = watch(runner, [again], 1, 0, poll_s, label=f"timing {p.name} alone")
-        record.send_handed_off([again.dir], budget_s=None)  # a warm worker's journal, whole (sweeper/handoff.py)
+        record.send_handed_off([again.dir], budget_s=None)  # a warm worker's journal, whole (sweeper/track/handoff.py)
         ended = record.children(sweep_id).get(again.name)
         if ended is not None:
             out.runs.append(ended)

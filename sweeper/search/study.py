@@ -23,8 +23,8 @@ from typing import Any
 
 from sweeper import display
 from sweeper.points import Point
-from sweeper.search_options import TIME_TO_TARGET, SearchOptions, check, pruner, storage_for, study_name
-from sweeper.search_space import overrides, split
+from sweeper.search.options import SearchOptions, check, pruner, storage_for, study_name
+from sweeper.search.space import overrides, split
 from trainer import metrics
 from trainer.errors import ConfigError
 from trainer.lifecycle import progress
@@ -202,7 +202,7 @@ class Search:
     def value(self, point: Point, run: Any) -> float | None:
         """The trial's objective: its run's metric, or its training seconds to report.target (from
         the epochs it wrote; infinity where it never reached the target: the study ranks it last)."""
-        if self.opts.objective != TIME_TO_TARGET:
+        if self.opts.objective != metrics.TIME_TO_TARGET:
             return run.data.metrics.get(self.opts.objective)
         from sweeper.report.analysis import seconds_to_target
 

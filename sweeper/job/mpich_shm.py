@@ -5,7 +5,7 @@ MPICH names a node's segments after the PMI job id, ``/dev/shm/mpich_{shm,vci}_<
 them behind. A job that runs under the same job and step ids again attaches to the dead step's
 segment and fails in MPI_Init ("Message ... truncated") or hangs there: a requeued job, and any
 job of a Slurm whose job ids started over (a test cluster set up again, on a machine whose
-/dev/shm outlived the last one). The job's wrapper (sweeper/point_job.py) removes them after its
+/dev/shm outlived the last one). The job's wrapper (sweeper/job/point_job.py) removes them after its
 rank ended (no rank of the step opens them again) and before its rank starts: then only segments
 older than this run of the job, so a sibling task's fresh one is kept. Standard library only,
 like the wrapper.
@@ -72,7 +72,7 @@ def remove_jobs(jobs: list[str], steps: int = 10) -> int:
     return removed
 
 
-if __name__ == "__main__":  # python -m sweeper.mpich_shm JOB_ID ...
+if __name__ == "__main__":  # python -m sweeper.job.mpich_shm JOB_ID ...
     import sys
 
     print(f"removed {remove_jobs(sys.argv[1:])} MPICH segment(s) of {len(sys.argv) - 1} job(s)")

@@ -10,7 +10,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from sweeper.records import POINTS_ARTIFACT, SweepRecord
+from sweeper.points import POINTS_ARTIFACT
+from sweeper.track.records import SweepRecord
 from trainer.record import journal, store
 
 STORE = "offline/mlflow.db"  # in the sweep's folder (its artifacts beside it, in offline/mlruns)

@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING
 from trainer.record import store
 
 if TYPE_CHECKING:
-    from sweeper.records import SweepRecord
-    from sweeper.watch import Flight
+    from sweeper.track.records import SweepRecord
+    from sweeper.track.watch import Flight
 
 
 class HandoffSender:
