@@ -12,20 +12,19 @@ import time
 import traceback
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from omegaconf import DictConfig
 
 from sweeper import display, folders, timeline
 from sweeper.config import validate_sweep
 from sweeper.plan.point_files import prepare
-from sweeper.plan.shapes import distinct, plan
+from sweeper.plan.source import PointSource
 from sweeper.points import Point
 from sweeper.report import drawing
 from sweeper.runners.base import Runner, SchedulerAwayError, make_runner
 from sweeper.runners.earlier import EarlierJob
 from sweeper.runners.warm import withdraw_unclaimed
-from sweeper.search import flow as search_flow
 from sweeper.timeline import phase
 from sweeper.track import ahead, offline_report, records, retime
 from sweeper.track.collect import close_runs, spent, stopped_early
@@ -39,147 +38,157 @@ from trainer.errors import disk_full
 from trainer.record import journal, provenance, store, uri_check
 from trainer.record.checkpoint import resume_key
 
-if TYPE_CHECKING:
-    from sweeper.search.study import Search
 
-
-def run_sweep(
-    base: DictConfig, points: list[Point], sweep_dir: Path, overrides: list[str], search: Search | None = None
-) -> int:
-    """Run the points Hydra expanded, or a ``search``'s trials as it asks for them; the exit status:
-    0 all finished, 1 some failed, 130 interrupted."""
-    launcher, opts = base.launcher, base.sweep
+def run_sweep(base: DictConfig, source: PointSource, sweep_dir: Path, overrides: list[str]) -> int:
+    """Run the points ``source`` gives (a grid's, or a search's trials as it asks for them); the exit
+    status: 0 all finished, 1 some failed, 130 interrupted."""
     logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)  # its errors reach us raised: said in a line
-    with phase("plan"):  # every check before anything is submitted or recorded
-        validate_sweep(base)
-        sweep_id = uuid.uuid4().hex[:8]
-        runner = make_runner(launcher, sweep_dir, f"sweepscale-{sweep_id}")
-        if search is not None:  # the space's ends stand for every trial in the checks, and run not
-            points = search_flow.corners(search, runner)
-        groups = plan(points, runner)
-        if search is None:
-            points, groups = distinct(points, groups)
-    with phase("data check"):
-        check_data(points)
-    with phase("scheduler and store checks"):
-        unchecked = preflight(runner, points, opts.dry_run)
-        uri = store.absolute_uri(store.tracking_uri(base.mlflow.tracking_uri))
-        experiment = store.experiment_name(base.mlflow.experiment)
-        uri_check.check_uri(uri)
-    if opts.dry_run:
-        preview(points, runner.preview(groups), unchecked)
+    sweep = Sweep(base, source, sweep_dir, overrides)
+    groups, unchecked = sweep.check()
+    if base.sweep.dry_run:
+        preview(sweep.points, sweep.runner.preview(groups), unchecked)
         return 0
-    if search is not None:  # a study that holds its trials already stops here, before any worker
-        with phase("study: open"):
-            search_flow.open_study(search, runner, points)
-
-    record, early, flight_ahead = None, None, None
+    with phase("points: open"):  # a study that holds its trials already stops here, before any worker
+        source.open(sweep.runner, sweep.points)
     try:
+        sweep.start()
+        flight = sweep.watch()
+    except BaseException as e:  # e.g. the store refused the parent, sbatch refused a job, Ctrl-C
+        return sweep.stopped(e)
+    try:
+        return sweep.end(flight)
+    except BaseException as e:
+        close_abandoned(sweep.record, sweep_dir, e)  # a full disk: its reserve given back for the store to close them
+        raise
+
+
+class Sweep:
+    """One sweep as it goes: checked, its workers started and its parent recorded, watched, ended."""
+
+    def __init__(self, base: DictConfig, source: PointSource, sweep_dir: Path, overrides: list[str]) -> None:
+        self.base, self.opts, self.source = base, base.sweep, source
+        self.sweep_dir, self.overrides = sweep_dir, overrides
+        self.sweep_id = uuid.uuid4().hex[:8]
+        self.record: SweepRecord | None = None  # once the store is open
+        self.flight_ahead: Flight | None = None  # a grid's points started before the store was open
+        self.early: EarlyReport | None = None  # the report drawn while the points run
+
+    def check(self) -> tuple[dict, str]:
+        """Every check before anything is submitted or recorded: the runner and the points' shapes,
+        the data, the scheduler, the store. The points by shape, and what could not be checked here."""
+        with phase("plan"):
+            validate_sweep(self.base)
+            self.runner = make_runner(self.base.launcher, self.sweep_dir, f"sweepscale-{self.sweep_id}")
+            self.points, groups = self.source.plan(self.runner)
+        with phase("data check"):
+            check_data(self.points)
+        with phase("scheduler and store checks"):
+            unchecked = preflight(self.runner, self.points, self.opts.dry_run)
+            self.uri = store.absolute_uri(store.tracking_uri(self.base.mlflow.tracking_uri))
+            self.experiment = store.experiment_name(self.base.mlflow.experiment)
+            uri_check.check_uri(self.uri)
+        return groups, unchecked
+
+    def start(self) -> None:
+        """The workers started (a grid's points too, where they may go ahead of the store), the
+        store opened, the first points asked for, the parent recorded and the points resumed."""
+        runner, uri = self.runner, self.uri
         with phase("workers' start"):
             os.environ[store.AHEAD] = uri  # the workers open it while they wait for their points
             os.environ[journal.HANDOFF_ENV] = "" if runner.checkpoints else "1"  # or hand their runs to this sweeper
-            goes_ahead = search is None and ahead.possible(runner, points, uri)
+            goes_ahead = self.source.known_ahead and ahead.possible(runner, self.points, uri)
             if not goes_ahead:  # the tickets wait for the store: MLflow's import (seconds) from now
                 store.open_ahead()
-            runner.prestart(points)  # warm workers start up while MLflow is imported and the parent recorded
-            flight_ahead = ahead.start(runner, points, uri, experiment, sweep_id) if goes_ahead else None
+            runner.prestart(self.points)  # warm workers start up while MLflow is imported and the parent recorded
+            if goes_ahead:
+                self.flight_ahead = ahead.start(runner, self.points, uri, self.experiment, self.sweep_id)
         # Else after the tickets, not beside Hydra's composition or the workers' start: in one GIL the
         # import slowed what the workers wait for (0.3-0.4 s) and ended no sooner itself.
         store.open_ahead()
-        if search is not None:  # a worker per shape the space holds starts meanwhile
-            with phase("study: first trials"):
-                points = search_flow.first(search, runner)
+        with phase("points: first"):  # a search's first trials; a worker per shape it holds starts meanwhile
+            self.points = self.source.first(runner)
         drawing.warm_up(early=True)  # the report's drawing children, where cores are left idle
         with phase("store: parent run, resume"):
-            record = SweepRecord(uri, experiment)
-            todo, done_before, earlier = open_sweep(
-                record, runner, sweep_id, points, sweep_dir, overrides, opts.force, flight_ahead
-            )
+            self.record = SweepRecord(uri, self.experiment)
+            self.todo, self.done_before, self.earlier = open_sweep(
+                self.record, runner, self.sweep_id, self.points, self.sweep_dir, self.overrides, self.opts.force,
+                self.flight_ahead,
+            )  # fmt: skip
+
+    def watch(self) -> Flight:
+        """Run the points, and those the source gives as they end, to the last; the points in all."""
+        record, runner, opts = self.record, self.runner, self.opts
         with phase("runs"):
             drawing.warm_up()  # or now, and the report's modules imported here while the points run
             drawing.warm_up_here()
-            more = None if search is None else search_flow.feed(search, record, runner, sweep_id, done_before)
-            total = len(points) if search is None else search.opts.n_trials
+            more = self.source.feed(record, runner, self.sweep_id, self.done_before)
             sender = HandoffSender(record, opts.poll_s)
-            early = EarlyReport(record, sweep_dir / "report", base.report.target) if search is None else None
+            if self.source.known_ahead:
+                self.early = EarlyReport(record, self.sweep_dir / "report", self.base.report.target)
 
             def each(flight: Flight) -> None:  # after every step of the watch
                 sender(flight)
-                if early is not None:
-                    early(flight)
+                if self.early is not None:
+                    self.early(flight)
 
             try:
-                flight = watch(runner, todo, total, len(done_before), opts.poll_s, earlier, more, each, flight_ahead)
+                flight = watch(
+                    runner, self.todo, self.source.total, len(self.done_before), opts.poll_s, self.earlier, more, each,
+                    self.flight_ahead,
+                )  # fmt: skip
             finally:
                 sender.stop()
-            if search is not None:
-                points = search_flow.end(search, record, runner, flight, done_before)
-    except BaseException as e:  # e.g. the store refused the parent, sbatch refused a job
+            self.points = self.source.end(record, runner, flight, self.done_before)
+        return flight
+
+    def stopped(self, error: BaseException) -> int:
+        """The sweep stops before its watch ended: what it started ends, no run stays RUNNING; 130 on
+        Ctrl-C (with what the points ahead of the store did), else ``error`` raised again."""
         drawing.stop()
-        runner.stop()  # the workers waiting for points end
-        if search is not None and search.study is not None:
-            search.interrupted()
-        if record is not None:
-            close_abandoned(record, sweep_dir, e)  # no run of this sweep stays RUNNING
-        if isinstance(e, KeyboardInterrupt):  # before the watch: points started ahead end KILLED in their workers
+        self.runner.stop()  # the workers waiting for points end
+        self.source.interrupted()
+        if self.record is not None:
+            close_abandoned(self.record, self.sweep_dir, error)
+        if isinstance(error, KeyboardInterrupt):  # before the watch: points started ahead end KILLED in their workers
             display.console.print("[red]interrupted: the sweep's workers end their points[/red]")
-            display.summary(stopped_early(points, flight_ahead))
+            display.summary(stopped_early(self.points, self.flight_ahead))
             return 130
-        raise
-    try:
-        retiming = search is None and base.sweep.retime  # a search's trials are not timed again
-        ended = (flight, earlier, early, retiming)
-        return end_sweep(base, record, runner, sweep_id, points, done_before, sweep_dir, *ended)
-    except BaseException as e:
-        close_abandoned(record, sweep_dir, e)  # a full disk: its reserve given back for the store to close them
-        raise
+        raise error
 
-
-def end_sweep(
-    base: DictConfig,
-    record: SweepRecord,
-    runner: Runner,
-    sweep_id: str,
-    points: list[Point],
-    done_before: dict[str, str],
-    sweep_dir: Path,
-    flight: Flight,
-    earlier: dict[int, tuple[Point, EarlierJob]],
-    early: EarlyReport | None,
-    retiming: bool,
-) -> int:
-    """After the watch: time again what had company, collect, summarise and report; the exit status."""
-    opts = base.sweep
-    retimed = retime.Retimed()
-    if retiming and not flight.interrupted:
-        with phase("timed again alone"):
-            retimed = retime.time_again(record, runner, sweep_id, points, opts.poll_s, opts.store_wait_s)
-            flight.interrupted = retimed.interrupted
-    with interrupts_noted() as stopped:  # from here a signal waits for the sweep's end: then 130
-        with phase("collect"):
-            outcomes, away = close_runs(
-                record, runner, sweep_id, points, done_before, flight, earlier, sweep_dir, opts, retimed.runs
-            )
-            ok = all(o.status in display.ENDED_WELL for o in outcomes)
-        with phase("report"):
-            ended = "KILLED" if flight.interrupted else "FINISHED" if ok else "FAILED"
-            if early is not None:
-                early.wait()
-            report = write_report(record, sweep_dir, base.report.target, offline=None if away is None else ended)
-            drawing.stop()
-        display.summary(outcomes, report)  # with the report's speedups, diverged points and best
-        for h in spent(outcomes, retimed.runs):  # beside the sweep's wall time
-            display.console.print(f"held: {h.said()}, over {time.time() - process_start():.1f} s of the sweep")
-        if away is not None:
-            said = str(away).splitlines()[0][:200]
-            display.console.print(
-                f"[red]the tracking server at {record.uri} did not answer[/red] ({said}): what it lacks waits in "
-                f"journals under {sweep_dir} (the report below is built from them); when it is back, "
-                f"python -m sweeper.sync {sweep_dir} sends it and writes the report again from there"
-            )
-        display.closing(report, record.uri, record.experiment_id, record.parent_id)
-        timeline.write(sweep_dir)
-    return 130 if flight.interrupted or stopped else 0 if ok and away is None else 1
+    def end(self, flight: Flight) -> int:
+        """After the watch: time again what had company, collect, summarise and report; the exit status."""
+        record, runner, opts, sweep_dir = self.record, self.runner, self.opts, self.sweep_dir
+        retimed = retime.Retimed()
+        if self.source.known_ahead and opts.retime and not flight.interrupted:  # not a search's trials
+            with phase("timed again alone"):
+                retimed = retime.time_again(record, runner, self.sweep_id, self.points, opts.poll_s, opts.store_wait_s)
+                flight.interrupted = retimed.interrupted
+        with interrupts_noted() as stopped:  # from here a signal waits for the sweep's end: then 130
+            with phase("collect"):
+                outcomes, away = close_runs(
+                    record, runner, self.sweep_id, self.points, self.done_before, flight, self.earlier, sweep_dir,
+                    opts, retimed.runs,
+                )  # fmt: skip
+                ok = all(o.status in display.ENDED_WELL for o in outcomes)
+            with phase("report"):
+                ended = "KILLED" if flight.interrupted else "FINISHED" if ok else "FAILED"
+                if self.early is not None:
+                    self.early.wait()
+                report = write_report(record, sweep_dir, self.base.report.target, None if away is None else ended)
+                drawing.stop()
+            display.summary(outcomes, report)  # with the report's speedups, diverged points and best
+            for h in spent(outcomes, retimed.runs):  # beside the sweep's wall time
+                display.console.print(f"held: {h.said()}, over {time.time() - process_start():.1f} s of the sweep")
+            if away is not None:
+                said = str(away).splitlines()[0][:200]
+                display.console.print(
+                    f"[red]the tracking server at {record.uri} did not answer[/red] ({said}): what it lacks waits in "
+                    f"journals under {sweep_dir} (the report below is built from them); when it is back, "
+                    f"python -m sweeper.sync {sweep_dir} sends it and writes the report again from there"
+                )
+            display.closing(report, record.uri, record.experiment_id, record.parent_id)
+            timeline.write(sweep_dir)
+        return 130 if flight.interrupted or stopped else 0 if ok and away is None else 1
 
 
 def close_abandoned(record: SweepRecord, sweep_dir: Path, error: BaseException) -> None:

@@ -28,6 +28,7 @@ class SweepscaleLauncher(Launcher):
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         from hydra_plugins.sweepscale_launcher.compose import PointComposer
+        from sweeper.plan.source import GridSource
         from sweeper.points import labels
         from sweeper.sweep import run_sweep
         from sweeper.timeline import phase
@@ -40,7 +41,7 @@ class SweepscaleLauncher(Launcher):
             with phase("compose points"):
                 for i, overrides in enumerate(job_overrides):
                     points.append(compose_point(composer, initial_job_idx + i, list(overrides), names[i], sweep_dir))
-            status = run_sweep(self.config, points, sweep_dir, list(self.config.hydra.overrides.task))
+            status = run_sweep(self.config, GridSource(points), sweep_dir, list(self.config.hydra.overrides.task))
         if status:
             sys.exit(status)
         return [
@@ -51,6 +52,7 @@ class SweepscaleLauncher(Launcher):
     def search(self, arguments: list[str], options: Any) -> None:
         """Run a search (sweeper/search/study.py): its points composed as the study asks for them."""
         from hydra_plugins.sweepscale_launcher.compose import PointComposer
+        from sweeper.search.flow import SearchSource
         from sweeper.search.study import Search
         from sweeper.sweep import run_sweep
         from trainer import metrics
@@ -69,7 +71,7 @@ class SweepscaleLauncher(Launcher):
             uri = store.absolute_uri(store.tracking_uri(self.config.mlflow.tracking_uri))
             options.target = self.config.report.target  # objective=time_to_target's test precision
             search = Search(arguments, options, uri, make_point)
-            status = run_sweep(self.config, [], sweep_dir, list(self.config.hydra.overrides.task), search=search)
+            status = run_sweep(self.config, SearchSource(search), sweep_dir, list(self.config.hydra.overrides.task))
         if status:
             sys.exit(status)
 

@@ -113,6 +113,25 @@ class Runner(Protocol):
         ...
 
 
+@runtime_checkable
+class Streaming(Protocol):
+    """A runner that can take points while the sweep runs (a search's trials, sweeper/search/flow.py):
+    the local runner's warm workers."""
+
+    def stream(self) -> bool:
+        """From now on points come while the sweep runs, their queues left open until
+        ``end_stream``; False where this runner cannot (cold jobs)."""
+        ...
+
+    def units(self, shape: Shape) -> int:
+        """The GPUs, or cores, points of this shape share: how many a search keeps in flight."""
+        ...
+
+    def end_stream(self) -> None:
+        """The last point has come: the queues sealed, their workers end once idle."""
+        ...
+
+
 class WithoutScheduler:
     """What a runner whose jobs are this machine's processes says of a scheduler's queue and
     accounts: nothing waits, nothing outlives its sweeper, nobody keeps accounts."""

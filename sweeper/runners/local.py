@@ -75,10 +75,10 @@ class LocalRunner(WithoutScheduler):
     def preview(self, groups: dict[Shape, list[Point]]) -> dict[str, str]:
         return {}  # the table of points and resources says it all
 
-    @property
-    def streams(self) -> bool:
-        """Whether a search's points may come while the sweep runs (warm workers only)."""
-        return self.pool is not None
+    def stream(self) -> bool:
+        """A search's points come while the sweep runs (base.Streaming): warm workers only."""
+        self.streaming = self.pool is not None
+        return self.streaming
 
     def units(self, shape: Shape) -> int:
         """The GPUs, or cores, points of this shape share: how many a search keeps in flight."""

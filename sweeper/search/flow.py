@@ -1,21 +1,21 @@
-"""A search within the sweep's flow (sweeper/sweep.py): its checks, its first trials, the watch
-fed a trial at a time, its end. The study's own rules live in sweeper/search/study.py."""
+"""A search as the sweep's source of points (sweeper/plan/source.py): its checks, its first trials,
+a trial per freed worker, its end. The study's own rules live in sweeper/search/study.py."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from sweeper import display
 from sweeper.plan.point_files import prepare
 from sweeper.plan.shapes import plan
-from sweeper.points import Point
+from sweeper.plan.source import More
+from sweeper.points import Point, Shape
+from sweeper.runners.base import Runner, Streaming
 from sweeper.search.space import overrides
 from trainer import metrics
 from trainer.errors import ConfigError
 
 if TYPE_CHECKING:
-    from sweeper.runners.base import Runner
     from sweeper.search.study import Search
     from sweeper.track.records import SweepRecord
     from sweeper.track.watch import Flight
@@ -26,15 +26,47 @@ NEEDS = (
 )
 
 
-def corners(search: Search, runner: Any) -> list[Point]:
+class SearchSource:
+    """A search's trials, asked of its study as workers free; none is known ahead."""
+
+    known_ahead = False
+
+    def __init__(self, search: Search) -> None:
+        self.search = search
+
+    def plan(self, runner: Runner) -> tuple[list[Point], dict[Shape, list[Point]]]:
+        points = corners(self.search, runner)  # the space's ends stand for every trial in the checks
+        return points, plan(points, runner)
+
+    def open(self, runner: Runner, planned: list[Point]) -> None:
+        open_study(self.search, runner, planned)
+
+    def first(self, runner: Runner) -> list[Point]:
+        return first(self.search, runner)
+
+    @property
+    def total(self) -> int:
+        return self.search.opts.n_trials
+
+    def feed(self, record: SweepRecord, runner: Runner, sweep_id: str, done_before: dict[str, str]) -> More:
+        return feed(self.search, record, runner, sweep_id, done_before)
+
+    def end(self, record: SweepRecord, runner: Runner, flight: Flight, done_before: dict[str, str]) -> list[Point]:
+        return end(self.search, record, runner, flight, done_before)
+
+    def interrupted(self) -> None:
+        if self.search.study is not None:
+            self.search.interrupted()
+
+
+def corners(search: Search, runner: Runner) -> list[Point]:
     """A point per end of the space (each choice, each interval's ends; the other values at their
     first): the sweep's checks stand them in for every trial, none runs; the runner's prestart
     then opens a streaming queue for each of their shapes, a worker each."""
     from optuna.distributions import CategoricalDistribution
 
-    if not getattr(runner, "streams", False):
+    if not isinstance(runner, Streaming) or not runner.stream():
         raise ConfigError(NEEDS)
-    runner.streaming = True
     ends = {
         k: list(d.choices) if isinstance(d, CategoricalDistribution) else [d.low, d.high]
         for k, d in search.space.items()
@@ -48,7 +80,7 @@ def corners(search: Search, runner: Any) -> list[Point]:
     return out
 
 
-def open_study(search: Search, runner: Any, planned: list[Point]) -> None:
+def open_study(search: Search, runner: Streaming, planned: list[Point]) -> None:
     """Open the study, to keep as many trials in flight as the machine runs at once (GPUs, or
     cores on CPU: the units of the checked points' shapes) and one more; a ConfigError where it
     already holds its trials."""
@@ -76,9 +108,7 @@ def first(search: Search, runner: Runner) -> list[Point]:
     return points
 
 
-def feed(
-    search: Search, record: SweepRecord, runner: Runner, sweep_id: str, done_before: dict[str, str]
-) -> Callable[[Flight], list[Point]]:
+def feed(search: Search, record: SweepRecord, runner: Runner, sweep_id: str, done_before: dict[str, str]) -> More:
     """The watch's ``more``: each ended trial told, new ones asked, planned and written. A trial
     whose config a FINISHED run already has is told that run's value and not run again (it joins
     ``done_before``, as a resumed grid point would)."""
@@ -120,7 +150,9 @@ def _planned(search: Search, runner: Runner, new: list[Point]) -> list[Point]:
     return out
 
 
-def end(search: Search, record: SweepRecord, runner: Any, flight: Flight, done_before: dict[str, str]) -> list[Point]:
+def end(
+    search: Search, record: SweepRecord, runner: Streaming, flight: Flight, done_before: dict[str, str]
+) -> list[Point]:
     """The queues sealed (idle workers end), trials in flight at an interrupt asked again next
     time, the parent's list of points and its best value; every point this sweep asked for."""
     runner.end_stream()

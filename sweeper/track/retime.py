@@ -41,9 +41,7 @@ SUFFIX = " (timed alone)"  # the run name of a point's retiming
 
 def chosen(record: SweepRecord, sweep_id: str, points: list[Point]) -> list[tuple[Point, Any]]:
     """The points of this sweep to time again, each with its FINISHED run."""
-    record.send_handed_off(
-        [p.dir for p in points], budget_s=None
-    )  # what the watch left unsent (track/handoff.py)
+    record.send_handed_off([p.dir for p in points], budget_s=None)  # what the watch left unsent (track/handoff.py)
     runs = record.children(sweep_id)
     ran = [(p, runs[p.name]) for p in points if p.name in runs and runs[p.name].info.status == "FINISHED"]
     summaries = [point_of(run, p.name) for p, run in ran]
