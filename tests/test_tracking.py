@@ -166,6 +166,7 @@ def test_a_sigterm_that_a_library_turned_into_its_own_error_still_ends_the_run_k
     import time
 
     from trainer import run
+    from trainer.lifecycle import requeue
     from trainer.ranks import sigterm
 
     monkeypatch.setattr(sigterm, "_seen", False)
@@ -183,7 +184,7 @@ def test_a_sigterm_that_a_library_turned_into_its_own_error_still_ends_the_run_k
             status = run._record_failure(wrapped, mlflow_uri, recorder.run_id, recorder, 0)
     finally:
         signal.signal(signal.SIGTERM, before)
-    assert sigterm.seen() and status == run.KILLED_STATUS
+    assert sigterm.seen() and status == requeue.KILLED_STATUS
     assert store.client(mlflow_uri).get_run(recorder.run_id).info.status == "KILLED"
 
 

@@ -30,7 +30,7 @@ from trainer.lifecycle.check import PendingCheck, first_weights, steps_checked
 from trainer.lifecycle.check import start as start_reference
 from trainer.lifecycle.epoch_end import EpochEnd
 from trainer.lifecycle.progress import StopRequested
-from trainer.lifecycle.requeue import TimeLimitReached
+from trainer.lifecycle.requeue import KILLED_STATUS, TimeLimitReached
 from trainer.lifecycle.timing_pass import measure_run
 from trainer.options import StepOptions
 from trainer.ranks import parallel, sigterm
@@ -83,9 +83,6 @@ def load_data(cfg: DictConfig) -> data_mod.Dataset:
 
 def schedule_of(cfg: DictConfig) -> Schedule:
     return Schedule(cfg.batch_size, cfg.lr, cfg.reg, cfg.epochs, cfg.data.shuffle, cfg.seed)
-
-
-KILLED_STATUS = 143  # 128 + SIGTERM: the run ended KILLED; a warm worker stops serving points
 
 
 def train_and_record(

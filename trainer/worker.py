@@ -35,6 +35,7 @@ from typing import Any
 
 from trainer.gpu import policy
 from trainer.lifecycle import queue_files, requeue
+from trainer.lifecycle.requeue import KILLED_STATUS
 from trainer.ranks import lease as leases
 from trainer.ranks import parallel, sigterm
 from trainer.ranks.processes import run_then_exit
@@ -47,8 +48,6 @@ HANDOVER_S = 2.0  # at most this long, a worker waits for its first references t
 
 def requeued(status: int) -> bool:
     """The point stopped for its job to run again (trainer/lifecycle/requeue.py): it gets no result now."""
-    from trainer.run import KILLED_STATUS
-
     return status == requeue.REQUEUE_STATUS or (status == KILLED_STATUS and requeue.by_slurm())
 
 
@@ -114,7 +113,6 @@ def _send_handed_off(queue: Path, served: set[Path]) -> None:
 def _serve(
     queue: Path, name: str, world: parallel.World, datasets: Datasets, worker: str, waiting: list, served: set[Path]
 ) -> int:
-    from trainer.run import KILLED_STATUS
 
     tf32 = policy.tf32_here()  # one GEMM mode per worker
     lease = leases.from_env(world.local_rank)
@@ -214,7 +212,6 @@ def _next_point(
 def _settle(waiting: list[tuple[Path, float, Any]], worker: str, block: bool) -> int:
     """Log the checks whose reference is there (with ``block``, wait for all of them) and write their
     points' results; KILLED_STATUS once a SIGTERM came (the worker serves no other point), else 0."""
-    from trainer.run import KILLED_STATUS
 
     for item in [w for w in waiting if block or w[2].done()]:
         waiting.remove(item)  # first: a SIGTERM from here on must not abandon a check that landed
@@ -245,7 +242,6 @@ def main(argv: list[str] | None = None) -> int:
         _say(world, "warmed up")
         return serve(queue, args.name, world, datasets)
     except (KeyboardInterrupt, Terminated):  # SIGTERM or Ctrl-C between points: no run to end
-        from trainer.run import KILLED_STATUS
 
         return KILLED_STATUS
     finally:  # references started ahead of a warm-up that was interrupted

@@ -19,7 +19,9 @@ import signal
 import subprocess
 from typing import Any
 
+# A run's exit statuses beyond 0 and 1 (FAILED), which the warm worker and the job's wrapper read:
 REQUEUE_STATUS = 75  # EX_TEMPFAIL: stopped at a checkpoint, to be started again
+KILLED_STATUS = 143  # 128 + SIGTERM: the run ended KILLED; a warm worker stops serving points
 MAX_REQUEUES = "SWEEPSCALE_MAX_REQUEUES"  # set in the job's environment by the Slurm runner
 
 _warned = False
