@@ -1,7 +1,7 @@
 """The gradient's all-reduce, alone and beside a GEMM: NCCL's kernels on a plain buffer (nccl), NCCL's
 symmetric kernels on a buffer of its memory window (nccl-window, the trainer's default), and the
 copy engines (benchmarks/peer_allreduce.py, an experiment: does an all-reduce that takes no SMs
-hide behind the step's GEMMs where NCCL's could not? docs/benchmarks.md, "Hiding the all-reduce").
+hide behind the step's GEMMs where NCCL's could not? docs/benchmarks.md, "The all-reduce alone").
 
     python benchmarks/gpu_allreduce.py          # launches mpiexec -n 4 itself (--nproc)
 

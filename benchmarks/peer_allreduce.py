@@ -1,10 +1,10 @@
 """An all-reduce between the GPUs of one node by their copy engines: no SMs taken but a small sum.
 
 An experiment, not used by the trainer: measured against NCCL (benchmarks/gpu_allreduce.py), it
-took 80 to 105 us where NCCL takes 33 to 49 (docs/benchmarks.md, "An all-reduce on the copy engines").
+took 80 to 105 us where NCCL takes 33 to 49 (docs/benchmarks.md, "The all-reduce alone").
 
 NCCL's all-reduce runs as kernels, and beside the step's GEMMs its blocks and theirs slow each
-other (docs/benchmarks.md, "Hiding the all-reduce"). Here the data moves by DMA: every rank's buffer
+other (docs/benchmarks.md, "Scaling with NCCL"). Here the data moves by DMA: every rank's buffer
 is mapped into the others' address space (CUDA IPC), cudaMemcpyAsync between them runs on the
 copy engines over NVLink, and the ranks signal each other through flags in GPU memory that the
 GPUs' front ends write and wait on (cuStreamWriteValue32 / cuStreamWaitValue32), so no host

@@ -14,8 +14,8 @@ from trainer.core import flops
 
 D, C = 784, 10
 
-# The best times this project measured per GEMM mode on one H200 at B=3200 (docs/benchmarks.md "Where it
-# stands" and the sections before it): (mode, products per GEMM, H, ms per step, ms of its GEMMs alone).
+# The best times this project measured per GEMM mode on one H200 at B=3200 (docs/benchmarks.md "One GPU:
+# the step"): (mode, products per GEMM, H, ms per step, ms of its GEMMs alone).
 # DGEMM was measured in whole runs only, at H=512 (the accuracy tables: 0.192 ms per batch); the
 # generic step ("ours generic") in float32 with SGEMM and with TF32 (CUPY_TF32) at H=2048.
 H200_BEST = [

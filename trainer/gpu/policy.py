@@ -17,11 +17,11 @@ from trainer.options import TENSOR_CORE_GEMMS, StepOptions
 TF32_ENV = "CUPY_TF32"
 GPU_ONLY = {"step": "fused", "comm": "nccl"}  # gpu.<key> values that need a GPU
 
-# NCCL's blocks beside the step's GEMMs: 8 beat NCCL's default (docs/benchmarks.md, A GEMM beside the all-reduce).
+# NCCL's blocks beside the step's GEMMs: 8 beat NCCL's default (docs/benchmarks.md, Scaling with NCCL).
 OVERLAP_MAX_CTAS = 8
 # Symmetric kernel's blocks: 32 summed 6.5 MB in 30/42 us at 2/4 H200s, NCCL's 7 in 35/45 (docs/benchmarks.md).
 WINDOW_CTAS = 32
-# Paid only with SGEMM at H=2048 (0.615 vs 0.637 ms, 4 H200s): docs/benchmarks.md, The overlap's sizes.
+# Paid only with SGEMM at H=2048 (0.615 vs 0.637 ms, 4 H200s): docs/benchmarks.md, Scaling with NCCL.
 OVERLAP_PAYS = frozenset({("sgemm", 2048)})  # (GEMM mode, hidden)
 
 
@@ -40,7 +40,7 @@ def overlap_wanted(overlap: str, step: str, nproc: int, gemm: str, hidden: int) 
     return overlap == "always" or (gemm, hidden) in OVERLAP_PAYS
 
 
-# Paid (TF32, 4 GPUs: 0.202 vs 0.212 ms) but beside SGEMMs (0.634 vs 0.614): docs/benchmarks.md, NCCL's window.
+# Paid (TF32, 4 GPUs: 0.202 vs 0.212 ms) but beside SGEMMs (0.634 vs 0.614): docs/benchmarks.md, the same section.
 def window_wanted(nccl_window: str, beside_gemm: bool) -> bool:
     """Whether NCCL sums the gradient in a symmetric memory window (trainer/gpu/nccl.py):
     ``nccl_window`` (gpu.nccl_window) auto, always or never; auto leaves out sums beside SGEMMs."""
