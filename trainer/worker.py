@@ -242,7 +242,6 @@ def main(argv: list[str] | None = None) -> int:
         _say(world, "warmed up")
         return serve(queue, args.name, world, datasets)
     except (KeyboardInterrupt, Terminated):  # SIGTERM or Ctrl-C between points: no run to end
-
         return KILLED_STATUS
     finally:  # references started ahead of a warm-up that was interrupted
         reference_jobs.shutdown()
