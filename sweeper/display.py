@@ -2,23 +2,26 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from dataclasses import dataclass
 from typing import Any
 
+from rich import box
 from rich.console import Console
 from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
 
 from trainer import metrics
-from trainer.record.console import mlflow_ui_command
+from trainer.record.console import mlflow_ui_command, ui_port
 
 # Off a terminal (CI logs, files) rich would wrap at 80 columns: give tables room, and leave a
-# message's line whole (a long folder would break it, and grep with it).
+# message's line whole (a long folder would break it, and grep with it). COLUMNS, where set, wins.
 _TTY = sys.stdout.isatty()
-console = Console(highlight=False, width=None if _TTY else 160, soft_wrap=not _TTY)
+console = Console(highlight=False, width=None if _TTY or "COLUMNS" in os.environ else 160, soft_wrap=not _TTY)
+WIDE = 120  # below this many columns the closing table drops its run ids and its vertical rules
 STATES = ("queued", "running", "done", "failed", "skipped", "cancelled")
 
 
@@ -80,13 +83,27 @@ def summary(outcomes: list[Outcome], report: Any = None) -> None:
     family, a diverged marker and the study's best point highlighted."""
     rows = {r["point"]: r for r in report.rows} if report is not None else {}
     best = report.best.name if report is not None and report.best is not None else None
-    table = Table(title="sweep summary" + (" (best in bold)" if best else ""))
+    narrow = console.width < WIDE  # a row a line at 80 columns: the run ids are the MLflow link's
+    title = "sweep summary" + (" (best in bold)" if best else "")
+    table = Table(
+        title=title,
+        box=box.SIMPLE_HEAD if narrow else box.HEAVY_HEAD,
+        show_edge=not narrow,
+        pad_edge=not narrow,
+        collapse_padding=narrow,
+    )
     jobs, contended = any(o.job for o in outcomes), False
     restarts = {o.name: _restarts(o) for o in outcomes}
     requeued = any(restarts.values())  # Slurm requeued a point's job (a time limit, preemption, a lost node)
-    columns = ["point", "status", "final loss", "precision", "max weight err", "samples/s", "speedup", "run id"]
-    for col in columns + (["restarts"] if requeued else []) + (["job"] if jobs else []):
-        table.add_column(col, overflow="fold")
+    loss, error = ("loss", "weight err") if narrow else ("final loss", "max weight err")
+    columns = ["point", "status", loss, "precision", error, "samples/s", "speedup"]
+    columns += ([] if narrow else ["run id"]) + (["restarts"] if requeued else []) + (["job"] if jobs else [])
+    longest = max((len(o.name) for o in outcomes), default=5)
+    for col in columns:  # numbers whole (an exponent split over two lines reads wrong); names fold
+        wraps = col in ("point", "status", "job")
+        table.add_column(
+            col, overflow="fold", no_wrap=not wraps, min_width=min(longest, 24) if col == "point" else None
+        )
     for o in outcomes:
         m = o.run.data.metrics if o.run is not None else {}
         row = rows.get(o.name, {})
@@ -106,9 +123,9 @@ def summary(outcomes: list[Outcome], report: Any = None) -> None:
             fmt(metrics.TRAIN_LOSS_EPOCH, ".4f"),
             fmt(metrics.TEST_PRECISION, ".4f"),
             fmt(metrics.weight_error("max"), ".2e"),
-            fmt(metrics.SAMPLES_PER_S, ",.0f"),
+            _rate(m.get(metrics.SAMPLES_PER_S), narrow),
             speedup,
-            o.run.info.run_id if o.run is not None else "-",
+            *([] if narrow else [o.run.info.run_id if o.run is not None else "-"]),
             *([str(restarts[o.name])] if requeued else []),
             *([o.job or "-"] if jobs else []),
         ]
@@ -122,6 +139,16 @@ def summary(outcomes: list[Outcome], report: Any = None) -> None:
         elif o.error or (o.status not in ("FINISHED", "SKIPPED") and o.log):
             why = "\n  ".join(o.error.strip().splitlines())
             console.print(f"[red]{o.name}[/red] {o.status}: {why}" + (f"\n  log: {o.log}" if o.log else ""))
+
+
+def _rate(samples_per_s: float | None, narrow: bool) -> str:
+    """Samples/s in full, or at 80 columns in thousands or millions."""
+    if samples_per_s is None:
+        return "-"
+    if narrow and samples_per_s >= 1e4:
+        big = samples_per_s >= 1e6
+        return f"{samples_per_s / (1e6 if big else 1e3):.1f} {'M' if big else 'k'}"
+    return f"{samples_per_s:,.0f}"
 
 
 def _restarts(o: Outcome) -> int:
@@ -145,6 +172,6 @@ def closing(report: Any, uri: str, experiment_id: str, parent_id: str) -> None:
 def mlflow_url(uri: str, experiment_id: str, run_id: str | None = None) -> str:
     """The experiment's runs table, or a run's page. MLflow 3's UI opens an experiment on its GenAI
     views (whatever its kind tag says) unless the link names the workflow."""
-    base = uri.rstrip("/") if uri.startswith(("http://", "https://")) else "http://127.0.0.1:5000"
+    base = uri.rstrip("/") if uri.startswith(("http://", "https://")) else f"http://127.0.0.1:{ui_port()}"
     page = f"runs/{run_id}" if run_id else "runs"
     return f"{base}/#/experiments/{experiment_id}/{page}?workflowType=machine_learning"

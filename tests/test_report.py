@@ -5,7 +5,6 @@ from __future__ import annotations
 import csv
 import itertools
 import shlex
-import socket
 import statistics
 import subprocess
 import sys
@@ -149,19 +148,19 @@ def test_html_report_renders_in_a_real_browser(study_sweep, tmp_path):
 
 @pytest.mark.browser
 def test_the_printed_mlflow_lines_open_the_sweeps_runs_in_a_real_browser(study_sweep, tmp_path):
-    """The closing lines' command starts MLflow's UI without the venv on PATH; its experiment link
-    lands on the runs table (MLflow 3 would open GenAI views), the parent sweep listed by its name."""
+    """The closing lines' command starts MLflow's UI without the venv on PATH, on the port its links
+    name; its experiment link lands on the runs table (MLflow 3 would open GenAI views), the parent
+    sweep listed by its name."""
     _tmp, uri, result = study_sweep
     lines = result.stdout.splitlines()
     at = next(i for i, line in enumerate(lines) if line.startswith("MLflow: "))
     command = lines[at].removeprefix("MLflow: ").split(", then")[0]
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = int(command.split("--port ")[1])  # a port free when the sweep ended, its links on it
+    url = lines[at + 1].strip()
+    assert url.startswith(f"http://127.0.0.1:{port}/"), (command, url)
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}  # no venv: the line must work as printed
-    ui = subprocess.Popen([*shlex.split(command), "--port", str(port)], env=env, cwd=tmp_path, stderr=subprocess.PIPE)
+    ui = subprocess.Popen(shlex.split(command), env=env, cwd=tmp_path, stderr=subprocess.PIPE)
     try:
-        url = lines[at + 1].strip().replace("127.0.0.1:5000", f"127.0.0.1:{port}")
         deadline = time.time() + 90
         while time.time() < deadline:
             try:

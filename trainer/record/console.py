@@ -37,15 +37,31 @@ def summary(run_id: str, uri: str, rows: dict[str, str]) -> None:
     _console().print(f"see it with: {mlflow_ui_command(uri)}")
 
 
+UI_PORTS = range(5000, 5100)  # MLflow's own default first
+
+
+@cache
+def ui_port() -> int:
+    """A port on 127.0.0.1 where nothing listens now, for the printed ``mlflow ui`` and its links:
+    MLflow's 5000 unless another server (another project's MLflow, a tracking server) has it."""
+    import socket
+
+    for port in UI_PORTS:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) != 0:  # refused: nothing listens there
+                return port
+    return UI_PORTS[0]
+
+
 def mlflow_ui_command(uri: str) -> str:
-    """How to open the store in MLflow's UI, whether or not this environment's bin is on PATH (a
-    server's URI is one already)."""
+    """How to open the store in MLflow's UI, whether or not this environment's bin is on PATH, on a
+    port free now (a server's URI is one already)."""
     if uri.startswith(("http://", "https://")):
         return f"open {uri}"
     import shlex
     import sys
 
-    return f"{shlex.quote(sys.executable)} -m mlflow ui --backend-store-uri {shlex.quote(uri)}"
+    return f"{shlex.quote(sys.executable)} -m mlflow ui --backend-store-uri {shlex.quote(uri)} --port {ui_port()}"
 
 
 def check_line(steps: int, error: float) -> None:
