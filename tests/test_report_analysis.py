@@ -137,6 +137,31 @@ def test_the_best_point_never_diverged_and_ties_go_to_fewer_ranks():
     assert analysis.best_point(pts[2:], precision) is None
 
 
+def test_a_tie_within_rounding_goes_to_the_cheaper_point_and_the_finding_says_so():
+    """0.9687 / 0.9690 / 0.9689 differ by 3 test images of 10,000: the fewest ranks is best; a
+    narrower layer wins a tie too, and a real lead (0.3 points) is not a tie."""
+    from sweeper.report import findings
+
+    precision = lambda p: p.metrics.get(metrics.TEST_PRECISION)  # noqa: E731
+    ranks = [
+        point("hidden=512,nproc=2", {"nproc": 2, "hidden": 512, "batch_size": 8}, 1, precision=0.9690),
+        point("hidden=512,nproc=1", {"nproc": 1, "hidden": 512, "batch_size": 8}, 1, precision=0.9687),
+        point("hidden=512,nproc=4", {"nproc": 4, "hidden": 512, "batch_size": 8}, 1, precision=0.9689),
+    ]
+    best = analysis.best_point(ranks, precision)
+    assert best.name == "hidden=512,nproc=1"
+    (said,) = [f for f in findings.findings(ranks, ["nproc"], best, []) if f.startswith("Best:")]
+    assert "tied within 0.001 with nproc=2, nproc=4, it is the cheapest" in said, said
+    widths = [
+        point("hidden=1024", {"nproc": 1, "hidden": 1024, "batch_size": 8}, 1, precision=0.9690),
+        point("hidden=512", {"nproc": 1, "hidden": 512, "batch_size": 8}, 1, precision=0.9685),
+        point("hidden=2048", {"nproc": 1, "hidden": 2048, "batch_size": 8}, 1, precision=0.9660),
+    ]
+    assert analysis.best_point(widths, precision).name == "hidden=512"
+    lead = [*ranks, point("hidden=512,nproc=8", {"nproc": 8, "hidden": 512, "batch_size": 8}, 1, precision=0.972)]
+    assert analysis.best_point(lead, precision).name == "hidden=512,nproc=8"
+
+
 def test_a_loss_that_barely_moves_has_not_diverged():
     """lr=1e-4: the loss wanders around its start; the rule has a tolerance (RISE_TOLERANCE)."""
     flat = [(s, 2.3026 + 0.002 * ((-1) ** s)) for s in range(40)]

@@ -106,9 +106,34 @@ def regimes(batch_sizes: Sequence[int], steps: Sequence[int]) -> list[Regime]:
     return out
 
 
+TIE = 0.001  # test precisions closer than this (10 of 10,000 test images) are a tie, not a ranking
+
+
 def best_point(points: Sequence[Any], precision: Callable[[Any], float | None]) -> Any | None:
-    """The study's one best point, everywhere it is named: the highest final precision among the
-    finished points that did not diverge; a tie goes to fewer ranks (the same result for less)."""
-    ok = [p for p in points if p.status == "FINISHED" and not p.diverged]
-    ok = [(v, -p.nproc, -i, p) for i, p in enumerate(ok) if (v := precision(p)) is not None and math.isfinite(v)]
-    return max(ok, key=lambda t: t[:3])[3] if ok else None
+    """The study's one best point, everywhere it is named: among the finished points that did not
+    diverge, the cheapest (fewest ranks, then the narrowest hidden layer) of those within ``TIE`` of
+    the highest final precision: the same result for less."""
+    ok = []
+    for i, p in enumerate(points):
+        v = precision(p) if p.status == "FINISHED" and not p.diverged else None
+        if v is not None and math.isfinite(v):
+            ok.append((v, i, p))
+    if not ok:
+        return None
+    top = max(v for v, _i, _p in ok)
+    cheapest = min(
+        (t for t in ok if t[0] >= top - TIE), key=lambda t: (t[2].nproc, t[2].get("hidden") or 0, -t[0], t[1])
+    )
+    return cheapest[2]
+
+
+def tied_with(best: Any, points: Sequence[Any], precision: Callable[[Any], float | None]) -> list[Any]:
+    """The other finished points within ``TIE`` of the best's precision, which the best was chosen over
+    for being cheaper (or for its precision)."""
+    v = precision(best)
+    return [
+        p
+        for p in points
+        if p is not best and p.status == "FINISHED" and not p.diverged
+        and (w := precision(p)) is not None and math.isfinite(w) and abs(w - v) <= TIE
+    ]  # fmt: skip

@@ -9,8 +9,8 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from sweeper.report import analysis, limits
 from sweeper.report import families as fam_mod
-from sweeper.report import limits
 from sweeper.report.plotting import fmt
 from trainer import metrics
 
@@ -38,9 +38,16 @@ def findings(points: Sequence[Any], axis: Sequence[str], best: Any | None, fams:
     failed = [p for p in points if p.status != "FINISHED" and p not in pruned]
     if best is not None and not timing_study(finished):
         loss = f", final loss {best.loss_epoch[-1][1]:.4f}" if best.loss_epoch else ""
+        ties = analysis.tied_with(best, finished, lambda p: p.metrics.get(metrics.TEST_PRECISION))
+        tied = (
+            f"; tied within {analysis.TIE} with {', '.join(_name(p, axis, nproc=True) for p in ties)}, "
+            "it is the cheapest (fewest ranks, then the narrowest layer)"
+            if ties
+            else ""
+        )
         out.append(
             f"Best: {_name(best, axis)} reaches test precision {best.metrics[metrics.TEST_PRECISION]:.4f}{loss} "
-            f"(of {len(finished)} finished point(s); diverged points never count)."
+            f"(of {len(finished)} finished point(s); diverged points never count{tied})."
         )
     bad = [p for p in finished if p.diverged]
     if bad:
