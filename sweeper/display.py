@@ -160,7 +160,7 @@ def _restarts(o: Outcome) -> int:
 def closing(report: Any, uri: str, experiment_id: str, parent_id: str) -> None:
     """The findings, the report as a link a terminal opens, and the way into MLflow's UI."""
     if report is not None:
-        for sentence in report.findings:
+        for sentence in report.brief:  # each whole, with its figures, in the report
             console.print(f"- {sentence}")
         page = (report.folder / "report.html").resolve()
         console.print(f"report ({report.seconds:.1f} s): {page}  [link={page.as_uri()}]{page.as_uri()}[/link]")

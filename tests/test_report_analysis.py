@@ -190,6 +190,17 @@ def test_lr_pools_as_repeats_and_speedup_comes_from_timings_with_nothing_beside(
     assert families.flags(fam, [one, two]) == []
 
 
+def test_a_family_timed_with_company_at_every_nproc_is_warned_of_once():
+    configs = [{"hidden": 256, "batch_size": 64, "nproc": n, "lr": 0.1} for n in (1, 2, 4)]
+    pts = [point(f"n{c['nproc']}", c, 20 / c["nproc"] ** 0.5, beside=1) for c in configs]
+    (fam,) = families.families(configs)
+    warned = [f for f in families.flags(fam, families.family_rows(pts, fam)) if "not to be trusted" in f]
+    assert warned == [
+        "nproc=1, 2, 4 were each timed only with other runs beside it: their speedups are not to be trusted "
+        "(run the study with perf.timing=exclusive)"
+    ]
+
+
 def test_a_baseline_timed_only_beside_others_is_flagged_with_its_efficiency_above_one():
     configs = [{"hidden": 256, "batch_size": 64, "nproc": n, "lr": 0.1} for n in (1, 2)]
     pts = [point("one", configs[0], 20, beside=1), point("two", configs[1], 6)]
@@ -393,6 +404,13 @@ def test_the_findings_say_what_limits_a_speedup_and_where_scaling_would_pay():
     ]
     said = limits.limit(fam, families.family_rows(pts, fam))
     assert said.endswith("the sum limits the speedup; nproc=4 is 3.10x faster")
+    from sweeper.report import findings  # the terminal's line: the speedup, what limits it, no figures
+
+    (line,) = findings.brief(pts, ["nproc"], None, [(fam, families.family_rows(pts, fam))])[-1:]
+    assert (
+        line
+        == "Strong scaling, batch_size=12800: speedup 3.10x at nproc=4 (77% efficiency): the sum limits the speedup."
+    )
     # A step bound by its launches: the CPU's time to queue a batch is the batch's.
     launch = {**four, "queue": 0.072}
     pts = [

@@ -272,15 +272,22 @@ def within_noise(lo: float, hi: float, value: float = 1.0) -> bool:
 def flags(family: Family, rows: Sequence[Scaling]) -> list[str]:
     """What a reader must know before trusting the family's speedups, one sentence each."""
     out = []
+    untrusted: dict[tuple, list[Scaling]] = {}  # one warning a kind of company, naming its nprocs
     for r in rows:
         if not r.trusted:
-            fixes = ["run the study with perf.timing=exclusive"] if BESIDE_RUNS in r.company else []
-            if ON_CORES in r.company:
-                fixes.append("give its ranks cores no other process needs meanwhile")
-            if LAGGED in r.company:
-                fixes.append("time it again: sweep.retime does, at the sweep's end")
-            fix = "; ".join(fixes)
-            out.append(f"nproc={r.nproc} was timed only with {r.company}: its speedup is not to be trusted ({fix})")
+            untrusted.setdefault(tuple(k for k in (BESIDE_RUNS, ON_CORES, LAGGED) if k in r.company), []).append(r)
+    for kinds, group in untrusted.items():
+        fixes = ["run the study with perf.timing=exclusive"] if BESIDE_RUNS in kinds else []
+        if ON_CORES in kinds:
+            fixes.append("give its ranks cores no other process needs meanwhile")
+        if LAGGED in kinds:
+            fixes.append("time it again: sweep.retime does, at the sweep's end")
+        if len(group) == 1:  # its own words, with how much
+            said = f"nproc={group[0].nproc} was timed only with {group[0].company}: its speedup is"
+        else:
+            nprocs = ", ".join(str(r.nproc) for r in group)
+            said = f"nproc={nprocs} were each timed only with {' and '.join(kinds)}: their speedups are"
+        out.append(f"{said} not to be trusted ({'; '.join(fixes)})")
     base = rows[0]
     for r in rows[1:]:
         if family.kind == "strong" and within_noise(r.speedup_lo, r.speedup_hi):

@@ -32,6 +32,28 @@ def _name(p: Any, axis: Sequence[str], nproc: bool = False) -> str:
 def findings(points: Sequence[Any], axis: Sequence[str], best: Any | None, fams: Sequence[tuple]) -> list[str]:
     """Sentences: the best point, what diverged or failed, whether nproc changed the result, the scaling
     verdict. ``points`` in the report's order: ``fams`` index its finished ones."""
+    return _results(points, axis, best, fams) + _scaling_verdict(fams)
+
+
+def brief(points: Sequence[Any], axis: Sequence[str], best: Any | None, fams: Sequence[tuple]) -> list[str]:
+    """The findings as a terminal shows them: the same results, and a line per scaling family (its
+    speedup, what limits it, whether to trust it); the report holds each whole."""
+    out = _results(points, axis, best, fams)
+    for fam, rows in fams:
+        last = rows[-1]
+        what = "speedup" if fam.kind == "strong" else "scaled speedup"
+        said = [limits.cause(fam, rows, brief=True)]
+        said += ["not to be trusted (other work shared its timings)"] if not all(r.trusted for r in rows) else []
+        said = "; ".join(s for s in said if s)
+        out.append(
+            f"{fam.kind.capitalize()} scaling, {fam.label}: {what} {last.speedup:.2f}x at nproc={last.nproc} "
+            f"({last.efficiency:.0%} efficiency)" + (f": {said}" if said else "") + "."
+        )
+    return out
+
+
+def _results(points: Sequence[Any], axis: Sequence[str], best: Any | None, fams: Sequence[tuple]) -> list[str]:
+    """The best point, what diverged, failed or was pruned, and whether nproc changed the result."""
     finished = [p for p in points if p.status == "FINISHED"]
     out = []
     pruned = [p for p in points if p.status == "KILLED" and metrics.TAG_STOPPED in p.tags]
@@ -59,9 +81,7 @@ def findings(points: Sequence[Any], axis: Sequence[str], best: Any | None, fams:
         out.append(f"Failed or stopped: {', '.join(f'{p.name} ({p.status})' for p in failed)}.")
     if pruned:
         out.append(f"Pruned by the search between epochs (their runs KILLED): {', '.join(p.name for p in pruned)}.")
-    out += _nproc_effect(finished, fams)
-    out += _scaling_verdict(fams)
-    return out
+    return out + _nproc_effect(finished, fams)
 
 
 def _nproc_effect(points: Sequence[Any], fams: Sequence[tuple]) -> list[str]:

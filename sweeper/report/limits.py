@@ -31,28 +31,12 @@ def limit(family: Family, rows: Sequence[Scaling]) -> str:
     """One sentence: at the family's most ranks, what each rank computes and in how long, what the sum
     and the wait cost, what limits the speedup, which nproc is fastest and where scaling would pay."""
     base, last = rows[0], rows[-1]
-    if len(rows) < 2 or not last.phases or not base.phases or not (base.trusted and last.trusted):
+    if not (said := cause(family, rows)):
         return ""  # no phases, or timings slowed by others (the flags say so): nothing to name
-    share = base.nproc / last.nproc if family.kind == "strong" else 1.0
-    lost = {
-        "the sum": last.sum_ms,
-        _WAIT: last.phases.get("wait", 0.0),
-        "a rank's work, which did not shrink with its rows,": max(0.0, last.compute_ms - base.compute_ms * share),
-    }
-    cause = max(lost, key=lambda k: lost[k])
-    queue = last.phases.get("queue", 0.0)
-    if queue >= LAUNCH_BOUND * last.batch_ms:
-        cause = f"the launches (the CPU took {queue:.3g} ms to queue a batch the GPU ran in {last.batch_ms:.3g} ms)"
+    lost = _lost(family, base, last)
     n, n0 = rows_per_rank(family, last.nproc), rows_per_rank(family, base.nproc)
     work = f"{n:g} rows" if n else "its rows"
-    said = f"{cause} limits the speedup"
     noisy = last.efficiency_hi >= 1 and last.efficiency_lo < IDEAL_WITHIN
-    if last.efficiency_lo >= 1:  # faster than ideal beyond the noise: nothing lost (the flags weigh it)
-        said = "no time is lost against the ideal"
-    elif last.efficiency_hi >= 1:  # nothing lost beyond the noise: no limit to name
-        said = (
-            "its timing noise is too wide to name a limit" if noisy else "the speedup is ideal within the timing noise"
-        )
     text = (
         f"at nproc={last.nproc} a rank computes {work} in {last.compute_ms:.3g} ms"
         + (f" (nproc={base.nproc}: {n0:g} in {base.compute_ms:.3g} ms)" if n0 else "")
@@ -69,6 +53,40 @@ def limit(family: Family, rows: Sequence[Scaling]) -> str:
             "would match the sum and the wait)"
         )
     return text
+
+
+def cause(family: Family, rows: Sequence[Scaling], brief: bool = False) -> str:
+    """What limits the family's speedup at its most ranks, as a clause ("the sum limits the speedup"),
+    or that nothing is lost within the noise; "" where its phases or trusted timings are missing.
+    ``brief``: without the launches' figures."""
+    base, last = rows[0], rows[-1]
+    if len(rows) < 2 or not last.phases or not base.phases or not (base.trusted and last.trusted):
+        return ""
+    if last.efficiency_lo >= 1:  # faster than ideal beyond the noise: nothing lost (the flags weigh it)
+        return "no time is lost against the ideal"
+    if last.efficiency_hi >= 1:  # nothing lost beyond the noise: no limit to name
+        noisy = last.efficiency_lo < IDEAL_WITHIN
+        return (
+            "its timing noise is too wide to name a limit" if noisy else "the speedup is ideal within the timing noise"
+        )
+    lost = _lost(family, base, last)
+    what = max(lost, key=lambda k: lost[k])
+    queue = last.phases.get("queue", 0.0)
+    if queue >= LAUNCH_BOUND * last.batch_ms:
+        what = "the launches" + (
+            "" if brief else f" (the CPU took {queue:.3g} ms to queue a batch the GPU ran in {last.batch_ms:.3g} ms)"
+        )
+    return f"{what} limits the speedup"
+
+
+def _lost(family: Family, base: Scaling, last: Scaling) -> dict[str, float]:
+    """The ms a batch lost against the ideal at the most ranks, by what lost it."""
+    share = base.nproc / last.nproc if family.kind == "strong" else 1.0
+    return {
+        "the sum": last.sum_ms,
+        _WAIT: last.phases.get("wait", 0.0),
+        "a rank's work, which did not shrink with its rows,": max(0.0, last.compute_ms - base.compute_ms * share),
+    }
 
 
 def _verdict(family: Family, base: Scaling, last: Scaling) -> str:

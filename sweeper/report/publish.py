@@ -42,6 +42,7 @@ class Report:
     rows: list[dict[str, Any]] = field(default_factory=list)  # the CSV's rows
     summary: str = ""  # Markdown
     findings: list[str] = field(default_factory=list)  # the study's take-aways, in words
+    brief: list[str] = field(default_factory=list)  # the same for a terminal: a line or two each
     left_out: dict[str, str] = field(default_factory=dict)  # caption -> why that figure has nothing to show
     best: Point | None = None
     overhead: list[Overhead] = field(default_factory=list)  # one per sweep
@@ -127,6 +128,7 @@ def build(study: Study, folder: Path, target: float | None = None, checks: bool 
     if findings.timing_study(finished):
         report.best = None  # a timing study's precision is not its result
     report.findings = findings.findings(points, axis, report.best, fams)
+    report.brief = findings.brief(points, axis, report.best, fams)
     table = scaling.family_table(fams)
     report.summary = summary_markdown(study, points, report, fams, regimes)
     (folder / "summary.md").write_text(report.summary)
