@@ -53,13 +53,13 @@ class Progress:
         self.last = text
 
 
-def preview(rows: list[tuple[str, int, str, str]], sbatch: dict[str, str]) -> None:
-    """The points and their resources, then what would be submitted, under its titles."""
+def preview(rows: list[dict[str, str]], sbatch: dict[str, str]) -> None:
+    """The points (a row each, by column), then what would be submitted, under its titles."""
     table = Table(title="sweep preview: nothing submitted")
-    for col in ("#", "point", "nproc", "resources"):
-        table.add_column(col)
-    for name, nproc, resources, index in rows:
-        table.add_row(index, name, str(nproc), resources)
+    for col in rows[0] if rows else ():
+        table.add_column(col, overflow="fold")
+    for row in rows:
+        table.add_row(*row.values())
     console.print(table)
     for title, text in sbatch.items():
         console.print(f"[bold]{title}[/bold]\n{text}")

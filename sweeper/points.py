@@ -36,6 +36,7 @@ class Point:
     dir: Path  # Hydra's per-job folder in the sweep dir
     name: str = ""  # the child run's name: what sets this point apart, e.g. hidden=512,nproc=2
     shape: Shape | None = None  # set by the plan, from the runner's rule
+    cannot: str = ""  # in a preview: why this machine cannot run it (too few cores or GPUs)
     config_hash: str = ""
 
     @property

@@ -34,7 +34,7 @@ from sweeper.track.records import SweepRecord
 from sweeper.track.watch import Flight, interrupts_noted, watch
 from trainer import data, limits, metrics
 from trainer.core.clock import process_start
-from trainer.errors import disk_full
+from trainer.errors import ConfigError, disk_full
 from trainer.record import journal, provenance, store, uri_check
 from trainer.record.checkpoint import resume_key
 
@@ -46,7 +46,7 @@ def run_sweep(base: DictConfig, source: PointSource, sweep_dir: Path, overrides:
     sweep = Sweep(base, source, sweep_dir, overrides)
     groups, unchecked = sweep.check()
     if base.sweep.dry_run:
-        preview(sweep.points, sweep.runner.preview(groups), unchecked)
+        preview(sweep.points, sweep.runner.preview(groups), unchecked, sweep.data_unchecked)
         return 0
     with phase("points: open"):  # a study that holds its trials already stops here, before any worker
         source.open(sweep.runner, sweep.points)
@@ -72,6 +72,7 @@ class Sweep:
         self.record: SweepRecord | None = None  # once the store is open
         self.flight_ahead: Flight | None = None  # a grid's points started before the store was open
         self.early: EarlyReport | None = None  # the report drawn while the points run
+        self.data_unchecked = ""  # a preview's data it could not read here
 
     def check(self) -> tuple[dict, str]:
         """Every check before anything is submitted or recorded: the runner and the points' shapes,
@@ -79,9 +80,14 @@ class Sweep:
         with phase("plan"):
             validate_sweep(self.base)
             self.runner = make_runner(self.base.launcher, self.sweep_dir, f"sweepscale-{self.sweep_id}")
-            self.points, groups = self.source.plan(self.runner)
+            self.points, groups = self.source.plan(self.runner, preview=self.opts.dry_run)
         with phase("data check"):
-            check_data(self.points)
+            try:
+                check_data(self.points)
+            except ConfigError as e:  # a preview is for the machine that has the data: said, not refused
+                if not self.opts.dry_run:
+                    raise
+                self.data_unchecked = str(e)
         with phase("scheduler and store checks"):
             unchecked = preflight(self.runner, self.points, self.opts.dry_run)
             self.uri = store.absolute_uri(store.tracking_uri(self.base.mlflow.tracking_uri))
@@ -277,17 +283,32 @@ def check_data(points: list[Point]) -> None:
             limits.check_folders(p.trainer)
 
 
-def preview(points: list[Point], scripts: dict[str, str], unchecked: str = "") -> None:
-    """The dry run's table of points and resources, what the runner would submit, and what could not
-    be checked here (the scheduler does not answer)."""
-    rows = [(p.name, p.nproc, p.shape.describe(), str(p.index)) for p in points]
-    display.preview(rows, scripts)
+def preview(points: list[Point], scripts: dict[str, str], unchecked: str = "", data_unchecked: str = "") -> None:
+    """The dry run's table of points, what each trains on and with what, what the runner would submit,
+    and what could not be checked here (the scheduler does not answer, the data is elsewhere, the
+    machine is too small)."""
+    display.preview([preview_row(p) for p in points], scripts)
+    for p in points:
+        if p.cannot:
+            said = p.cannot if p.cannot.startswith(f"point {p.name}") else f"{p.name}: {p.cannot}"
+            display.console.print(f"[yellow]not on this machine:[/yellow] {said}")
+    if data_unchecked:
+        display.console.print(f"[yellow]data not checked here:[/yellow] {data_unchecked}")
     if unchecked:
         display.console.print(
             f"[yellow]not checked:[/yellow] {unchecked}. The partition's limits are unknown here: what the "
             "launcher keys leave null is assumed (a point's ranks on one node, one GPU each unless device=cpu; "
             "set launcher.gpus_per_node, ranks_per_node, max_nodes to preview others)."
         )
+
+
+def preview_row(p: Point) -> dict[str, str]:
+    """A point as the preview shows it: what it trains on, how long, with what."""
+    t = p.trainer
+    data = f"{t.data.n_train or 'all'} of {t.data.dir or 'the embedded digits'}"
+    resources = p.shape.describe() + (" (not here)" if p.cannot else "")
+    return {"#": str(p.index), "point": p.name, "nproc": str(p.nproc), "batch": str(t.batch_size),
+            "epochs": str(t.epochs), "training images": data, "resources": resources}  # fmt: skip
 
 
 def resume(record: SweepRecord, points: list[Point], force: bool) -> dict[str, str]:

@@ -136,6 +136,22 @@ def test_dry_run_lists_points_and_resources_without_submitting(tmp_path, mlflow_
     assert not Path(mlflow_uri.removeprefix("sqlite:///")).exists()
 
 
+def test_a_preview_checks_neither_this_machines_cores_nor_its_data_and_a_sweep_does(tmp_path, mlflow_uri):
+    """A laptop previews the cluster's study (#49): more ranks than its cores and a data folder it
+    lacks are said, each point shown with its batch, epochs and data; the sweep itself is refused."""
+    cores = os.cpu_count() or 1
+    args = [f"nproc=1,{cores + 1}", "hidden=16", "data.dir=/nowhere/mnist", "epochs=3", "batch_size=100"]
+    shown = sweep([*args, "launcher.cpus=null", "--dry-run"], tmp_path)
+    assert shown.returncode == 0, shown.stdout + shown.stderr
+    row = next(line for line in shown.stdout.splitlines() if f"│ nproc={cores + 1} " in line)
+    assert "100" in row and "│ 3 " in row and "/nowhere/mnist" in row and "(not here)" in row, row
+    assert f"not on this machine: point nproc={cores + 1}: nproc={cores + 1} needs" in shown.stdout
+    assert "data not checked here: data.dir=/nowhere/mnist: no such folder" in shown.stdout
+    refused = sweep([*args, "launcher.cpus=null"], tmp_path)
+    assert refused.returncode == 2 and "needs" in refused.stderr, refused.stdout + refused.stderr
+    assert not (tmp_path / "multirun").exists() and not Path(mlflow_uri.removeprefix("sqlite:///")).exists()
+
+
 def test_a_flag_before_dash_m_is_taken_as_it_is_after(tmp_path, mlflow_uri):
     """`python -m sweeper --dry-run -m ...` (#33): Hydra wants -m before its overrides; we put it there."""
     cmd = [sys.executable, "-m", "sweeper", "--dry-run", "-m", "hidden=16,32", *FAST]

@@ -16,6 +16,7 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError
 
 from sweeper import display
 from sweeper.points import Point, Shape
+from sweeper.runners.base import MachineTooSmallError
 from trainer.config import TrainerConfig, validate
 from trainer.errors import ConfigError
 from trainer.override_checks import unknown_key
@@ -58,14 +59,20 @@ def trainer_config(sweep_cfg: DictConfig) -> DictConfig:
     return cfg
 
 
-def plan(points: list[Point], runner: Runner) -> dict[Shape, list[Point]]:
-    """Validate every point and group them by shape. Raises ConfigError before any submission."""
+def plan(points: list[Point], runner: Runner, preview: bool = False) -> dict[Shape, list[Point]]:
+    """Validate every point and group them by shape. Raises ConfigError before any submission; a
+    ``preview`` shows a point this machine is too small for (its ``cannot``) instead."""
     if not points:
         raise ConfigError("the sweep is empty: no point to run; check the sweep's values (e.g. hidden=512,1024)")
     groups: dict[Shape, list[Point]] = {}
     for p in points:
         validate(p.trainer)
-        p.shape = runner.shape(p)
+        try:
+            p.shape = runner.shape(p)
+        except MachineTooSmallError as e:
+            if not preview:
+                raise
+            p.cannot, p.shape = str(e), Shape(1, p.nproc, int(p.trainer.device.value == "gpu"))
         p.config_hash = config_hash(p.trainer)
         groups.setdefault(p.shape, []).append(p)
     return groups

@@ -24,8 +24,9 @@ class PointSource(Protocol):
     # report is drawn while they run, and those timed with company are timed again alone at the end.
     known_ahead: bool
 
-    def plan(self, runner: Runner) -> tuple[list[Point], dict[Shape, list[Point]]]:
-        """The points every check stands for, grouped by shape (ConfigError where one cannot run)."""
+    def plan(self, runner: Runner, preview: bool = False) -> tuple[list[Point], dict[Shape, list[Point]]]:
+        """The points every check stands for, grouped by shape (ConfigError where one cannot run;
+        a ``preview`` shows a point this machine is too small for)."""
         ...
 
     def open(self, runner: Runner, planned: list[Point]) -> None:
@@ -65,8 +66,8 @@ class GridSource:
     def __init__(self, points: list[Point]) -> None:
         self.points = points
 
-    def plan(self, runner: Runner) -> tuple[list[Point], dict[Shape, list[Point]]]:
-        self.points, groups = distinct(self.points, plan(self.points, runner))
+    def plan(self, runner: Runner, preview: bool = False) -> tuple[list[Point], dict[Shape, list[Point]]]:
+        self.points, groups = distinct(self.points, plan(self.points, runner, preview))
         return self.points, groups
 
     def open(self, runner: Runner, planned: list[Point]) -> None:

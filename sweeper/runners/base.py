@@ -19,6 +19,11 @@ if TYPE_CHECKING:
     from sweeper.points import Point, Shape
 
 
+class MachineTooSmallError(ConfigError):
+    """A point asks for more than this machine has (cores, GPUs): a sweep is refused, a preview
+    (--dry-run) shows the point and says so; a preview is for the machine the sweep will run on."""
+
+
 class SchedulerAwayError(ConfigError):
     """The scheduler's commands are not here or do not answer: a sweep cannot start, but its preview
     (--dry-run) goes on from the config alone, saying what it could not check."""

@@ -21,9 +21,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from sweeper.job.point_job import run_point, run_worker
 from sweeper.points import Point, Shape
-from sweeper.runners.base import WithoutScheduler
+from sweeper.runners.base import MachineTooSmallError, WithoutScheduler
 from sweeper.runners.warm import Queue, Ticket, WarmPool, unstarted
-from trainer.errors import ConfigError
 from trainer.lifecycle.reference_jobs import CORES_ENV
 from trainer.ranks import lease
 from trainer.ranks.backend import no_gpu, visible_gpus
@@ -57,14 +56,14 @@ class LocalRunner(WithoutScheduler):
     def shape(self, point: Point) -> Shape:
         """GPUs when the point runs on GPUs, else CPU cores; never more than this machine has."""
         if point.trainer.device.value == "gpu" and self.n_gpus == 0:
-            raise no_gpu()
+            raise MachineTooSmallError(str(no_gpu()))
         on_gpu = point.trainer.device.value != "cpu" and self.n_gpus > 0
         if on_gpu:
             have, what, fix = self.n_gpus, "GPUs", "lower nproc, or set launcher.gpus, or use launcher=slurm"
         else:
             have, what, fix = self.n_cpus, "CPU cores", "lower nproc, set launcher.cpus, or use launcher=slurm"
         if point.nproc > have:
-            raise ConfigError(
+            raise MachineTooSmallError(
                 f"point {point.name}: nproc={point.nproc} needs {point.nproc} {what} but this machine has {have}; {fix}"
             )
         return Shape(1, point.nproc, int(on_gpu))

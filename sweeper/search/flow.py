@@ -34,9 +34,9 @@ class SearchSource:
     def __init__(self, search: Search) -> None:
         self.search = search
 
-    def plan(self, runner: Runner) -> tuple[list[Point], dict[Shape, list[Point]]]:
+    def plan(self, runner: Runner, preview: bool = False) -> tuple[list[Point], dict[Shape, list[Point]]]:
         points = corners(self.search, runner)  # the space's ends stand for every trial in the checks
-        return points, plan(points, runner)
+        return points, plan(points, runner, preview)
 
     def open(self, runner: Runner, planned: list[Point]) -> None:
         open_study(self.search, runner, planned)
