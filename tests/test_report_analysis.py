@@ -437,3 +437,52 @@ def test_no_limit_is_named_through_wide_noise_or_for_timings_others_slowed():
     assert "its timing noise is too wide to name a limit" in said and "would pay" not in said
     slowed = [point("one", configs[0], 0.2, wait=0.6, phases=phases), point("two", configs[1], 0.3, phases=phases)]
     assert limits.limit(fam, families.family_rows(slowed, fam)) == ""
+
+
+def test_the_lr_studys_loss_axis_is_positive_and_logarithmic_its_diverged_curve_marked():
+    from sweeper.report import convergence
+    from sweeper.report.plotting import pyplot
+
+    losses = {0.001: [2.3, 2.2, 2.1], 0.1: [2.3, 0.9, 0.2], 5.0: [2.3, 40.0, math.nan]}
+    pts = [
+        point(f"lr={lr}", {"nproc": 1, "batch_size": 8, "lr": lr}, 1, loss=list(enumerate(ys)))
+        for lr, ys in losses.items()
+    ]
+    fig = convergence.loss_figure(pts, ["lr"])
+    try:
+        for a in fig.axes:
+            if a.get_ylabel() == "training loss":
+                assert a.get_yscale() == "log" and a.get_ylim()[0] > 0, (a.get_yscale(), a.get_ylim())
+    finally:
+        pyplot().close(fig)
+    narrow = [point("h", {"nproc": 1, "batch_size": 8, "hidden": h}, 1, loss=[(0, 2.3), (1, 2.0)]) for h in (8, 16)]
+    fig = convergence.loss_figure(narrow, ["hidden"])  # 2.0 to 2.3: a linear axis, from 0
+    try:
+        assert all(a.get_ylim()[0] == 0 for a in fig.axes if a.get_ylabel() == "training loss")
+    finally:
+        pyplot().close(fig)
+
+
+def test_a_figures_title_says_what_its_data_shows():
+    from sweeper.report import convergence
+
+    key = metrics.weight_error("max")
+    pts = [point(f"h{h}", {"nproc": 1, "batch_size": 8, "hidden": h}, 1) for h in (16, 64, 256)]
+    for p, error in zip(pts, (2e-7, 3e-7, 2.5e-7)):
+        p.metrics[key] = error
+    assert convergence._error_trend(pts, "hidden", key) == (
+        "The weight error barely moves with hidden: 2e-07 at hidden=16, 2.5e-07 at hidden=256"
+    )
+    for p, error in zip(pts, (1e-7, 1e-5, 1e-3)):
+        p.metrics[key] = error
+    assert convergence._error_trend(pts, "hidden", key).startswith("The weight error grows with hidden")
+
+
+def test_names_and_figures_round_to_four_significant_digits():
+    from sweeper.report.plotting import fmt
+    from sweeper.search.space import label, overrides
+
+    params = {"lr": 0.1155430951647376, "nproc": 2}
+    assert label(params) == ["lr=0.1155", "nproc=2"]  # the trial's run name
+    assert overrides(params) == ["lr=0.1155430951647376", "nproc=2"]  # its config keeps every digit
+    assert fmt(0.1155430951647376) == "0.1155" and fmt(5e-05) == "5e-05"

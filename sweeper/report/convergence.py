@@ -8,6 +8,7 @@ and the epochs (training is chaotic: rounding differences grow, 002 Q1.2).
 from __future__ import annotations
 
 import math
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +86,12 @@ def _samples_seen(p: Point) -> list[tuple[float, float]]:
 
 def loss_curves(points: list[Point], axis: list[str], out: Path) -> Path:
     """Loss against step, samples seen and wall time; one line per point, every point."""
+    return save(loss_figure(points, axis), out)
+
+
+def loss_figure(points: list[Point], axis: list[str]) -> Any:
+    """The figure of :func:`loss_curves`, drawn: a positive axis (logarithmic where the losses span
+    more than 5x), diverged curves cut at the healthy ones' start and marked where they diverged."""
     colour_key, panel_key = _colour_and_panel(points, axis)
     style_key = _style_key(axis)
     styles = {fmt(v): STYLES[i % len(STYLES)] for i, v in enumerate(dict.fromkeys(p.get(style_key) for p in points))}
@@ -120,6 +127,8 @@ def loss_curves(points: list[Point], axis: list[str], out: Path) -> Path:
             _log_if_wide(a, healthy_losses)
             if top:
                 a.set_ylim(top=top)
+            if a.get_yscale() == "linear":  # a loss is positive: no margin below 0
+                a.set_ylim(bottom=0)
             if panel_key:
                 a.set_title(f"{panel_key}={panel}")
     if colour_key:
@@ -127,7 +136,7 @@ def loss_curves(points: list[Point], axis: list[str], out: Path) -> Path:
     else:
         fig.legend(loc="outside right upper", fontsize=8)
     fig.suptitle("Convergence: training loss of every point")
-    return save(fig, out)
+    return fig
 
 
 def precision_by_epoch(points: list[Point], axis: list[str], out: Path) -> Path:
@@ -242,9 +251,15 @@ def weight_error(points: list[Point], axis: list[str], out: Path) -> Path | str:
     for a, k in zip(ax[0], against):
         others = [x for x in axis if x != k]
         colours = palette([p.get(others[0]) if others else "" for p in checked])
+        floor = min(p.metrics[key] for p in checked if p.metrics[key] > 0) / 10  # where an exact 0 is drawn
         for p in sorted(checked, key=lambda p: (repr(p.get(others[0])) if others else "", p.get(k))):
             c = colours[fmt(p.get(others[0])) if others else ""]
-            a.plot(p.get(k), max(p.metrics[key], 1e-18), "o", color=c)
+            zero = p.metrics[key] == 0  # bit for bit: a hollow mark on the axis's floor, not a tiny value
+            a.plot(
+                p.get(k), floor if zero else p.metrics[key], "v" if zero else "o", color=c, mfc="none" if zero else c
+            )
+        if any(p.metrics[key] == 0 for p in checked):
+            a.plot([], [], "v", color="grey", mfc="none", label="0: bit for bit")
         for v in dict.fromkeys(fmt(p.get(others[0])) for p in checked) if others else []:
             a.plot([], [], "o", color=colours[v], label=f"{others[0]}={v}")
         a.set_yscale("log")
@@ -253,5 +268,24 @@ def weight_error(points: list[Point], axis: list[str], out: Path) -> Path | str:
         a.set(xlabel=k, ylabel="max relative weight error", title=f"Weight error vs the CPU reference, by {k}")
         if others:
             a.legend(loc="best")
-    fig.suptitle("Rounding grows with the learning rate and the epochs: training is chaotic (course 002, Q1.2)")
+    fig.suptitle(_error_trend(checked, against[0], key))
     return save(fig, out)
+
+
+def _error_trend(points: list[Point], k: str, key: str) -> str:
+    """How the weight error moves with ``k``, from the points: its median at the smallest and the
+    largest value of ``k``."""
+    by_k: dict[Any, list[float]] = {}
+    for p in points:
+        by_k.setdefault(p.get(k), []).append(p.metrics[key])
+    values = sorted((v for v in by_k if v is not None), key=lambda v: (isinstance(v, str), v))
+    if len(values) < 2:
+        return f"Weight error vs the CPU reference: {fmt(statistics.median(by_k[values[0]]) if values else 0)}"
+    lo, hi = statistics.median(by_k[values[0]]), statistics.median(by_k[values[-1]])
+    if hi > 3 * lo:
+        how = "grows"
+    elif lo > 3 * hi:
+        how = "falls"
+    else:
+        how = "barely moves"
+    return f"The weight error {how} with {k}: {lo:.2g} at {k}={fmt(values[0])}, {hi:.2g} at {k}={fmt(values[-1])}"

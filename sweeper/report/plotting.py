@@ -31,8 +31,9 @@ LOG_AXES = ("lr", "reg", "batch_size", "hidden")
 
 
 def fmt(value: Any) -> str:
+    """A value as names and figures show it: floats to 4 significant digits (the run's params keep all)."""
     if isinstance(value, float):
-        return f"{value:g}"
+        return f"{value:.4g}"
     return str(value)
 
 

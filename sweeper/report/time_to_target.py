@@ -135,8 +135,24 @@ def figure(table: list[Row], target: float, out: Path) -> Path | str:
         log_ticks(a, nprocs)
     left.legend(fontsize=7, loc="best")
     right.legend(fontsize=6, loc="best")
-    fig.suptitle("Time to accuracy against GPUs: where more ranks buy throughput but not convergence")
+    fig.suptitle(f"Time to test precision {target:g} against GPUs: {verdict(table)}")
     return save(fig, out)
+
+
+def verdict(table: list[Row]) -> str:
+    """What the figure shows, from its rows: whether more ranks reach the target sooner, and whether
+    that follows the throughput (the same SGD steps) or parts from it (the target at another epoch)."""
+    most = [r for r in table if r.speedup is not None and r.point.nproc > 1]
+    if not most:
+        return "no point with more ranks reached it"
+    best = max(most, key=lambda r: r.speedup)
+    said = f"nproc={best.point.nproc} reaches it {best.speedup:.2f}x as fast as one rank ({best.family})"
+    apart = [r for r in most if r.epoch != r.base_epoch]
+    if apart:
+        return (
+            said + f"; {len(apart)} point(s) reach it at another epoch than their baseline: convergence, not throughput"
+        )
+    return said + "; at the same epochs: the gain is the throughput's"
 
 
 def csv_rows(table: list[Row], target: float) -> list[dict[str, Any]]:

@@ -63,6 +63,12 @@ def distribution(override: Override) -> Any:
     raise ConfigError(f"{override.input_line}: a search takes choice, range or interval sweeps")
 
 
+def label(params: dict[str, Any]) -> list[str]:
+    """A trial's values as its name shows them: floats to 4 significant digits (its overrides, its
+    config and its run's params keep every digit)."""
+    return [f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in params.items()]
+
+
 def overrides(params: dict[str, Any]) -> list[str]:
     """A trial's values as Hydra overrides, e.g. ["lr=0.0123", "nproc=2"]."""
     return [f"{key}={value!r}" if isinstance(value, str) else f"{key}={value}" for key, value in params.items()]

@@ -24,7 +24,7 @@ from typing import Any
 from sweeper import display
 from sweeper.points import Point
 from sweeper.search.options import SearchOptions, check, pruner, storage_for, study_name
-from sweeper.search.space import overrides, split
+from sweeper.search.space import label, overrides, split
 from trainer import metrics
 from trainer.errors import ConfigError
 from trainer.lifecycle import progress
@@ -133,7 +133,7 @@ class Search:
             values = overrides(trial.params)
             try:  # the trial's number in its run's name: two trials may ask for one config
                 point = self.make_point(
-                    trial.number, [*self.fixed, *values], ",".join([f"trial={trial.number}", *values])
+                    trial.number, [*self.fixed, *values], ",".join([f"trial={trial.number}", *label(trial.params)])
                 )
             except ConfigError as e:
                 self.study.tell(trial, state=_state("FAIL"))
