@@ -23,6 +23,7 @@ _TTY = sys.stdout.isatty()
 console = Console(highlight=False, width=None if _TTY or "COLUMNS" in os.environ else 160, soft_wrap=not _TTY)
 WIDE = 120  # below this many columns the closing table drops its run ids and its vertical rules
 STATES = ("queued", "running", "done", "failed", "skipped", "cancelled")
+NAMED = 3  # running points the progress line names
 
 
 class Progress:
@@ -41,16 +42,30 @@ class Progress:
         if self.live:
             self.live.stop()
 
-    def update(self, counts: dict[str, int], pending: dict[str, int] | None = None) -> None:
-        """``pending``: the scheduler's jobs not started yet, by its reason."""
+    def update(self, counts: dict[str, int], pending: dict[str, int] | None = None, running: list[str] = ()) -> None:
+        """``pending``: the scheduler's jobs not started yet, by its reason; ``running``: the names of
+        the points running now (the first few are named)."""
         text = "  ".join(f"{s} {counts.get(s, 0)}" for s in STATES if counts.get(s)) + f"  of {self.total}"
         if pending:
             text += "  (jobs pending: " + ", ".join(f"{n} {reason}" for reason, n in sorted(pending.items())) + ")"
+        if running:
+            more = f" +{len(running) - NAMED}" if len(running) > NAMED else ""
+            text += "  now: " + ", ".join(running[:NAMED]) + more
+        elapsed = time.monotonic() - self.t0
+        eta = self.eta(counts, elapsed)
         if self.live:
-            self.live.update(f"[bold]{self.label}[/bold] {text}  [dim]{time.monotonic() - self.t0:.0f} s[/dim]")
-        elif text != self.last:
-            console.print(escape(f"[{self.label} {time.monotonic() - self.t0:6.1f} s] {text}"))  # brackets, not markup
+            self.live.update(f"[bold]{self.label}[/bold] {escape(text)}  [dim]{elapsed:.0f} s{eta}[/dim]")
+        elif text != self.last:  # a line when the counts or the points change, not at every second
+            console.print(escape(f"[{self.label} {elapsed:6.1f} s{eta}] {text}"))  # brackets, not markup
         self.last = text
+
+    def eta(self, counts: dict[str, int], elapsed: float) -> str:
+        """The time left at the pace so far (points ended a second), once one has ended."""
+        ended = counts.get("done", 0) + counts.get("failed", 0)
+        left = self.total - ended - counts.get("skipped", 0)
+        if not ended or left <= 0:
+            return ""
+        return f", about {left * elapsed / ended:.0f} s left"
 
 
 def preview(rows: list[dict[str, str]], sbatch: dict[str, str]) -> None:

@@ -67,3 +67,22 @@ def test_the_mlflow_ui_command_takes_a_port_nothing_listens_on_and_its_links_nam
     assert port != taken, out
     links = re.findall(r"http://127\.0\.0\.1:(\d+)/", out)
     assert links and set(links) == {str(port)}, out
+
+
+PROGRESS = """
+import time
+from sweeper import display
+p = display.Progress(6)
+p.update({"running": 4, "queued": 2}, running=["hidden=16", "hidden=24", "hidden=32", "hidden=40"])
+time.sleep(0.2)
+p.update({"running": 2, "done": 2, "queued": 2}, running=["hidden=48", "hidden=56"])
+"""
+
+
+def test_the_progress_line_names_the_points_running_and_the_time_left():
+    out = subprocess.check_output([sys.executable, "-c", PROGRESS], text=True, timeout=60).splitlines()
+    assert out[0].endswith("queued 2  running 4  of 6  now: hidden=16, hidden=24, hidden=32 +1"), out
+    assert "left]" not in out[0]  # no pace yet: nothing has ended
+    assert re.search(
+        r"\[sweep +0\.\d s, about 0 s left\] queued 2  running 2  done 2  of 6  now: hidden=48, hidden=56$", out[1]
+    ), out

@@ -73,7 +73,7 @@ def watch(
                     "failed": failed,
                     "skipped": skipped,
                 }
-                progress.update(counts, pending)
+                progress.update(counts, pending, [p.name for p, _job in flight.running.values()][waiting:])
                 if not (flight.queued or flight.running):
                     with interrupts_held():
                         new = [] if more is None else more(flight)
