@@ -40,6 +40,9 @@ class LocalLauncherConfig(LauncherConfig):
     gpus: int | None = None
     # CPU cores the sweep may use when points run on the CPU (null: all).
     cpus: int | None = None
+    # A CPU point asking more ranks than those cores runs with its ranks sharing them (a laptop's
+    # headline), its timings flagged; false: refused.
+    oversubscribe: bool = True
     # A warm worker whose job has written no log this long after its start never started its task:
     # killed and restarted (a local job's controller was seen, rarely, to start nothing).
     start_grace_s: float = 30.0

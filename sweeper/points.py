@@ -21,10 +21,13 @@ class Shape:
     tasks_per_node: int
     gpus_per_task: int  # 1 on GPUs, 0 on CPUs
     exclusive: bool = False  # Slurm: whole nodes (perf.timing=exclusive: no other job's batches beside)
+    shared_cores: int = 0  # more CPU ranks than cores: the cores they share (0: a core each)
 
     def describe(self) -> str:
         unit = "GPU" if self.gpus_per_task else "CPU rank"
         alone = ", whole nodes" if self.exclusive else ""
+        if self.shared_cores:
+            return f"{self.nodes} node(s) x {self.tasks_per_node} task(s) sharing {self.shared_cores} CPU core(s)"
         return f"{self.nodes} node(s) x {self.tasks_per_node} task(s), 1 {unit} each{alone}"
 
 

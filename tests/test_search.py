@@ -266,7 +266,10 @@ def test_a_run_stops_when_its_sweep_asks(idx_dir, mlflow_uri, tmp_path):
         (["hydra.sweeper.n_trials=0"], "hydra.sweeper.n_trials=0: a search needs at least 1 trial"),
         (["hydra.sweeper.objective=time_to_target"], "needs the test precision to reach: set report.target"),
         (["launcher.warm=false"], "use launcher=local (launcher.warm=true, the default)"),
-        (["nproc=1,3"], "nproc=3 needs 3 CPU cores but this machine has 2"),
+        (
+            ["nproc=1,3", "launcher.cpus=2", "launcher.oversubscribe=false"],
+            "nproc=3 needs 3 CPU cores but this machine has 2",
+        ),
         (["hydra.sweeper.n_trail=3"], "Key 'n_trail' not in 'SearchSweeperConfig'"),
         (["hydra.sweeper.objective=bogus"], "hydra.sweeper.objective=bogus: no run records it; use one of"),
         (["reg=interval(0.5,0.01)"], "reg=interval(0.5,0.01): an interval runs from its low end to a higher one"),

@@ -141,13 +141,13 @@ def test_a_preview_checks_neither_this_machines_cores_nor_its_data_and_a_sweep_d
     lacks are said, each point shown with its batch, epochs and data; the sweep itself is refused."""
     cores = os.cpu_count() or 1
     args = [f"nproc=1,{cores + 1}", "hidden=16", "data.dir=/nowhere/mnist", "epochs=3", "batch_size=100"]
-    shown = sweep([*args, "launcher.cpus=null", "--dry-run"], tmp_path)
+    shown = sweep([*args, "launcher.cpus=null", "launcher.oversubscribe=false", "--dry-run"], tmp_path)
     assert shown.returncode == 0, shown.stdout + shown.stderr
     row = next(line for line in shown.stdout.splitlines() if f"│ nproc={cores + 1} " in line)
     assert "100" in row and "│ 3 " in row and "/nowhere/mnist" in row and "(not here)" in row, row
     assert f"not on this machine: point nproc={cores + 1}: nproc={cores + 1} needs" in shown.stdout
     assert "data not checked here: data.dir=/nowhere/mnist: no such folder" in shown.stdout
-    refused = sweep([*args, "launcher.cpus=null"], tmp_path)
+    refused = sweep([*args, "launcher.cpus=null", "launcher.oversubscribe=false"], tmp_path)
     assert refused.returncode == 2 and "needs" in refused.stderr, refused.stdout + refused.stderr
     assert not (tmp_path / "multirun").exists() and not Path(mlflow_uri.removeprefix("sqlite:///")).exists()
 
@@ -200,7 +200,10 @@ def test_a_sweep_on_slurm_without_slurm_is_refused_before_anything_starts(tmp_pa
         (["lr=abc,0.1"], "Value 'abc' of type 'str' could not be converted to Float"),
         (["launcher=nope"], "Could not find 'launcher/nope'"),
         (["nproc=0,1"], "nproc=0: at least one MPI rank is needed"),
-        (["nproc=1,3", "launcher.cpus=2"], "nproc=3 needs 3 CPU cores but this machine has 2"),
+        (
+            ["nproc=1,3", "launcher.cpus=2", "launcher.oversubscribe=false"],
+            "nproc=3 needs 3 CPU cores but this machine has 2",
+        ),
         (["hidden=range(0)"], "the sweep is empty: no point to run"),
         (["nproc=1,2", "launcher=debug"], "launcher=debug runs in this process, so nproc must be 1"),
         (["data.dir=/nonexistent/mnist"], "data.dir=/nonexistent/mnist: no such folder"),
@@ -703,6 +706,27 @@ def test_the_headline_grid_at_defaults_converges_on_the_embedded_digits(tmp_path
         assert row["status"] == "FINISHED" and row["diverged"] == "", (name, row["diverged"])
         assert float(row["final_precision"]) > 0.8 and float(row["final_loss"]) < 0.3, (name, row)
         assert row["check"] == "done" and float(row["weight_error_max"]) < 1e-3
+
+
+def test_more_ranks_than_cores_share_them_flagged_and_not_timed_again(tmp_path, mlflow_uri):
+    """The headline's nproc=1,2,4 on a laptop (#49): a point of more CPU ranks than the cores the
+    launcher has runs with its ranks sharing them (each rank beyond the cores takes no lease), its
+    speedup flagged; timed again alone its ranks would share the cores still, so it is not."""
+    import csv
+
+    many = 3  # ranks on launcher.cpus=2
+    result = sweep(["hidden=16", f"nproc=1,{many}", *FAST, "launcher.cpus=2"], tmp_path, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"nproc={many} on 2 CPU core(s): its ranks share them" in result.stdout
+    with open(next(tmp_path.glob("multirun/*/*/report/points.csv"))) as f:
+        rows = {row["point"]: row for row in csv.DictReader(f)}
+    shared = rows[f"nproc={many}"]
+    assert shared["status"] == "FINISHED" and shared["check"] == "done" and float(shared["weight_error_max"]) < 0.1, (
+        shared
+    )
+    assert shared["timed_alone"] == "no" and not shared["timed_again_by"], shared  # flagged, not retimed
+    names = {r.info.run_name for r in runs(mlflow_uri)}
+    assert f"nproc={many} (timed alone)" not in names
 
 
 def sigint_ignored(pid: int) -> bool:

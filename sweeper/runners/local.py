@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from sweeper.display import console
 from sweeper.job.point_job import run_point, run_worker
 from sweeper.points import Point, Shape
 from sweeper.runners.base import MachineTooSmallError, WithoutScheduler
@@ -47,6 +48,7 @@ class LocalRunner(WithoutScheduler):
         self.held: dict[str, tuple[list[int], int]] = {}  # job id -> the GPUs and the CPU cores it holds
         self.executor = None
         self.pool = WarmPool(folder, launcher.max_restarts) if launcher.warm else None
+        self.shared_said: set[int] = set()  # the nprocs whose ranks share the cores, said once
         self.streaming = False  # a search's (sweeper/search/flow.py): points come while the sweep runs
         self.submitted: dict[str, float] = {}  # a warm worker's job id -> when it was started (monotonic)
         self.slots: dict[
@@ -62,11 +64,23 @@ class LocalRunner(WithoutScheduler):
             have, what, fix = self.n_gpus, "GPUs", "lower nproc, or set launcher.gpus, or use launcher=slurm"
         else:
             have, what, fix = self.n_cpus, "CPU cores", "lower nproc, set launcher.cpus, or use launcher=slurm"
+        if point.nproc > have and not on_gpu and self.launcher.oversubscribe:
+            self._say_shared(point, have)
+            return Shape(1, point.nproc, 0, shared_cores=have)
         if point.nproc > have:
             raise MachineTooSmallError(
                 f"point {point.name}: nproc={point.nproc} needs {point.nproc} {what} but this machine has {have}; {fix}"
             )
         return Shape(1, point.nproc, int(on_gpu))
+
+    def _say_shared(self, point: Point, have: int) -> None:
+        """Once a nproc: its ranks will share the cores, and what that does to its timings."""
+        if point.nproc not in self.shared_said:
+            console.print(
+                f"nproc={point.nproc} on {have} CPU core(s): its ranks share them (launcher.oversubscribe), "
+                "its timings are flagged and not timed again"
+            )
+            self.shared_said.add(point.nproc)
 
     def check(self, points: list[Point]) -> None:
         pass  # the shapes already hold every point to this machine's GPUs and cores
@@ -149,10 +163,10 @@ class LocalRunner(WithoutScheduler):
         shape = q.points[0].shape
         kind, have = ("gpu", self.n_gpus) if shape.gpus_per_task else ("core", self.n_cpus)
         taken = {self.slots[(q.dir, n)] for n in q.live() if (q.dir, n) in self.slots}
-        free = [s for s in range(have // q.nproc) if s not in taken]
+        free = [s for s in range(max(1, have // q.nproc)) if s not in taken]  # more ranks than cores: one slot
         if not free or (q.live() and kind == "core" and self._cpu_ranks() + q.nproc > have):
             return False
-        units = list(range(free[0] * q.nproc, (free[0] + 1) * q.nproc))
+        units = list(range(free[0] * q.nproc, min((free[0] + 1) * q.nproc, have)))
         name = self.pool.new_name()
         args = (str(q.dir), name, q.nproc, q.mpiexec)
         q.workers[name] = self._submit(shape, len(q.points), run_worker, *args, env=q.env, units=(kind, units))
@@ -197,7 +211,7 @@ class LocalRunner(WithoutScheduler):
         env = dict(env or {})
         ids, cpus = [], 0
         if not shape.gpus_per_task:  # a rank a core: its BLAS must not start a thread per core of the machine
-            env.update(one_core_a_rank(shape.tasks_per_node))
+            env.update(one_core_a_rank(min(shape.tasks_per_node, self.n_cpus)))
         if units is not None:
             kind, numbers = units
             if kind == "gpu":
@@ -208,7 +222,7 @@ class LocalRunner(WithoutScheduler):
             ids, self.free_gpus = self.free_gpus[: shape.tasks_per_node], self.free_gpus[shape.tasks_per_node :]
             env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, ids))
         else:
-            cpus = shape.tasks_per_node
+            cpus = min(shape.tasks_per_node, self.n_cpus)  # ranks sharing the cores hold them all
             self.free_cpus -= cpus
         self.executor.update_parameters(timeout_min=self.launcher.timeout_min * n_points)
         job = self.executor.submit(fn, *args, env)
@@ -240,7 +254,7 @@ class LocalRunner(WithoutScheduler):
                 self.cancel(job)
 
     def _fits(self, nproc: int, shape: Shape) -> bool:
-        return nproc <= (len(self.free_gpus) if shape.gpus_per_task else self.free_cpus)
+        return nproc <= len(self.free_gpus) if shape.gpus_per_task else min(nproc, self.n_cpus) <= self.free_cpus
 
 
 def one_core_a_rank(nproc: int) -> dict[str, str]:

@@ -44,6 +44,7 @@ def chosen(record: SweepRecord, sweep_id: str, points: list[Point]) -> list[tupl
     record.send_handed_off([p.dir for p in points], budget_s=None)  # what the watch left unsent (track/handoff.py)
     runs = record.children(sweep_id)
     ran = [(p, runs[p.name]) for p in points if p.name in runs and runs[p.name].info.status == "FINISHED"]
+    ran = [(p, run) for p, run in ran if not p.shape.shared_cores]  # alone, its ranks would still share cores
     summaries = [point_of(run, p.name) for p, run in ran]
     return [ran[i] for i in to_time_alone(summaries)]
 

@@ -28,8 +28,10 @@ RETRY_S = (0.005, 0.02)  # a random pause between tries, so that two waiting wor
 class Lease:
     """Take with :meth:`acquire` (every rank of the world calls it), give back with :meth:`release`."""
 
-    def __init__(self, folder: str | Path, unit: str) -> None:
-        self.unit = unit
+    def __init__(self, folder: str | Path, unit: str, holds: bool = True) -> None:
+        """``holds``: False for a rank beyond its world's units (ranks sharing cores,
+        launcher.oversubscribe): its world's first ranks hold them all, it takes no lock."""
+        self.unit, self.holds = unit, holds
         self.path = Path(folder) / f"{unit}.lock"
         self.fd: int | None = None
 
@@ -38,6 +40,8 @@ class Lease:
         return self.unit.startswith("gpu")
 
     def _try(self) -> bool:
+        if not self.holds:
+            return True
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -74,4 +78,4 @@ def from_env(local_rank: int) -> Lease | None:
     folder, units = os.environ.get(DIR_ENV), os.environ.get(UNITS_ENV, "").split(",")
     if not folder or not units[0]:
         return None
-    return Lease(folder, units[local_rank % len(units)])
+    return Lease(folder, units[local_rank % len(units)], holds=local_rank < len(units))
