@@ -193,6 +193,9 @@ def test_rebuild_after_a_resumed_sweep_gives_the_same_report(tmp_path, mlflow_ur
     result = report_cli([sweep_id, "--out", str(tmp_path / "rebuilt")], tmp_path)
     assert result.returncode == 0, result.stderr
     assert read_csv(tmp_path / "rebuilt" / "points.csv") == at_end
+    assert result.stdout.startswith(f"writing the report to {tmp_path / 'rebuilt'}\n"), result.stdout
+    again = report_cli([sweep_id, "--out", str(tmp_path / "rebuilt"), "--no-attach"], tmp_path)
+    assert again.stdout.startswith(f"rewriting the report in {tmp_path / 'rebuilt'}: its files are replaced")
     result = report_cli(["latest", "--out", str(tmp_path / "latest"), "--no-attach"], tmp_path)
     assert result.returncode == 0, result.stderr
     assert read_csv(tmp_path / "latest" / "points.csv") == at_end

@@ -60,6 +60,10 @@ def main(argv: list[str] | None = None) -> int:
     client, experiment_id = open_experiment(args)
     parents = find_parents(client, experiment_id, args.sweeps)
     folder = args.out or default_folder(parents)
+    if (folder / "report.html").exists():  # said before the seconds of building, not after
+        print(f"rewriting the report in {folder}: its files are replaced (--out FOLDER writes elsewhere)", flush=True)
+    else:
+        print(f"writing the report to {folder}", flush=True)
     report = report_for(client, parents, folder, attach=not args.no_attach, target=args.target)
     print(f"report of {len(report.rows)} point(s) in {report.seconds:.1f} s: {folder / 'report.html'}")
     return 0
