@@ -36,6 +36,8 @@ def point_state(run: Any | None, reused: bool, epoch_s: list[tuple[int, float]])
             return "running", f"before its first epoch of {epochs}"
         done = max(step for step, _s in epoch_s)
         per_epoch = statistics.median(v for _step, v in epoch_s)
+        if epochs < done:  # its params not in the store yet (a handed-off run's lines come in turn)
+            return "running", f"epoch {done}, {per_epoch:.2f} s each"
         return "running", f"epoch {done} of {epochs}, {per_epoch:.2f} s each, ETA {per_epoch * (epochs - done):.0f} s"
     if status == "FINISHED":
         loss, prec = m.get(metrics.TRAIN_LOSS_EPOCH), m.get(metrics.TEST_PRECISION)

@@ -151,7 +151,7 @@ def _leave_a_segment(tmp_path: Path) -> tuple[str, str, Path]:
 
     script = tmp_path / "leave.py"
     script.write_text(
-        "import os\nfrom sweeper import mpich_shm\nmpich_shm.remove_stale()\n"  # a dead cluster's, of these ids
+        "import os\nfrom sweeper.job import mpich_shm\nmpich_shm.remove_stale()\n"  # a dead cluster's, of these ids
         "from mpi4py import MPI\nMPI.COMM_WORLD.Barrier()\n"
         "if MPI.COMM_WORLD.rank == 0: print(os.environ['SLURM_JOB_ID'], os.environ['SLURM_STEP_ID'], flush=True)\n"
         "MPI.COMM_WORLD.Barrier()\nos._exit(0)\n"
