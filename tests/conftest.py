@@ -20,6 +20,11 @@ ROOT = Path(__file__).resolve().parents[1]
 # tests/test_timing.py test the floor itself).
 NO_TIMING_FLOOR = ["perf.min_batches=1", "perf.min_seconds=0"]
 MPIEXEC = shutil.which("mpiexec", path=os.path.dirname(sys.executable)) or shutil.which("mpiexec")
+# xdist's workers (execnet) set COLUMNS=80 and LINES=24, which every sweep a test starts would take
+# for a terminal's width: the tests read the closing table as a pipe gets it (tests/test_display.py
+# sets COLUMNS where it tests the width itself).
+for _key in ("COLUMNS", "LINES"):
+    os.environ.pop(_key, None)
 
 
 def gpu_available() -> bool:
