@@ -18,25 +18,22 @@ from omegaconf import DictConfig
 
 from sweeper import display, folders, timeline
 from sweeper.config import validate_sweep
-from sweeper.plan.point_files import prepare
 from sweeper.plan.source import PointSource
 from sweeper.points import Point
 from sweeper.report import drawing
 from sweeper.runners.base import Runner, SchedulerAwayError, make_runner
-from sweeper.runners.earlier import EarlierJob
-from sweeper.runners.warm import withdraw_unclaimed
 from sweeper.timeline import phase
-from sweeper.track import ahead, offline_report, records, retime
+from sweeper.track import ahead, offline_report, retime
 from sweeper.track.collect import close_runs, spent, stopped_early
 from sweeper.track.early_report import EarlyReport
 from sweeper.track.handoff import HandoffSender
+from sweeper.track.opening import open_sweep
 from sweeper.track.records import SweepRecord
 from sweeper.track.watch import Flight, interrupts_noted, watch
-from trainer import data, limits, metrics
+from trainer import data, limits
 from trainer.core.clock import process_start
 from trainer.errors import ConfigError, disk_full
-from trainer.record import journal, provenance, store, uri_check
-from trainer.record.checkpoint import resume_key
+from trainer.record import journal, store, uri_check
 
 
 def run_sweep(base: DictConfig, source: PointSource, sweep_dir: Path, overrides: list[str]) -> int:
@@ -221,53 +218,6 @@ def preflight(runner: Runner, points: list[Point], dry_run: bool) -> str:
     return ""
 
 
-def open_sweep(
-    record: SweepRecord,
-    runner: Runner,
-    sweep_id: str,
-    points: list[Point],
-    sweep_dir: Path,
-    overrides: list[str],
-    force: bool,
-    ahead_of_store: Flight | None = None,
-) -> tuple[list[Point], dict[str, str], dict[int, tuple[Point, EarlierJob]]]:
-    """Close the sweeps whose sweeper died, find what earlier sweeps finished or still train, record
-    the parent run and write each point's config (``ahead_of_store``: written, its points started
-    before the store was open, sweeper/track/ahead.py): the points to run, the hashes of those done
-    before (-> their runs) and the points an earlier sweep's live job trains (index -> its job)."""
-    closed, going_on = record.close_orphans(runner.live)
-    for dead_id, folder in closed:  # its live jobs end after the points they train: this sweep runs the rest
-        cancelled = runner.cancel_pending(f"sweepscale-{dead_id}")
-        withdraw_unclaimed(Path(folder))
-        said = f"; its pending jobs {', '.join(cancelled)} cancelled" if cancelled else ""
-        display.console.print(f"sweep {folder}: its sweeper is gone; its runs left RUNNING are now KILLED{said}")
-    done_before = resume(record, points, force)
-    earlier = {
-        p.index: (p, EarlierJob(record.client, *going_on[p.config_hash], runner.live))
-        for p in points
-        if p.config_hash in going_on and p.config_hash not in done_before
-    }
-    for p, job in earlier.values():
-        display.console.print(f"watch {p.name}: run {job.run_id} goes on in job {job.job_id} of an earlier sweep")
-    todo = [p for p in points if p.config_hash not in done_before and p.index not in earlier]
-    reused = {**done_before, **{p.config_hash: job.run_id for p, job in earlier.values()}}
-    parent_id = start_parent(record, runner, sweep_id, points, reused, sweep_dir, overrides)
-    display.console.print(
-        f"sweep {sweep_id}: {len(todo)} point(s) to run, MLflow parent run {parent_id}, folder {sweep_dir}"
-    )
-    display.console.print(f"ranks start: {runner.ranks_start}")
-    if ahead_of_store is not None:  # a new store: nothing above was found
-        ahead.tell_parent(ahead_of_store, parent_id)
-        return todo, done_before, earlier
-    stopped = record.checkpointed({p.config_hash: resume_key(p.trainer) for p in todo}) if runner.checkpoints else {}
-    for p in todo:
-        run_id, folder, epoch = stopped.get(p.config_hash, ("", "", 0))
-        if run_id:
-            display.console.print(f"resume {p.name}: run {run_id} goes on from its checkpoint of epoch {epoch}")
-        prepare(p, record.uri, record.experiment, parent_id, sweep_id, runner.checkpoints, folder)
-    return todo, done_before, earlier
-
-
 def check_data(points: list[Point]) -> None:
     """Check each distinct data set's files by their headers and sizes, and try each folder the runs
     write into (the reference cache), so that a bad folder or file stops the sweep before submission."""
@@ -309,41 +259,6 @@ def preview_row(p: Point) -> dict[str, str]:
     resources = p.shape.describe() + (" (not here)" if p.cannot else "")
     return {"#": str(p.index), "point": p.name, "nproc": str(p.nproc), "batch": str(t.batch_size),
             "epochs": str(t.epochs), "training images": data, "resources": resources}  # fmt: skip
-
-
-def resume(record: SweepRecord, points: list[Point], force: bool) -> dict[str, str]:
-    """config hash -> the FINISHED run a point reuses (none with --force)."""
-    finished = {} if force else record.finished_hashes()
-    done_before = {}
-    for p in points:
-        if p.config_hash in finished:
-            done_before[p.config_hash] = finished[p.config_hash]
-            display.console.print(
-                f"skip {p.name}: FINISHED run {done_before[p.config_hash]} has the same config (--force reruns)"
-            )
-    return done_before
-
-
-def start_parent(
-    record: SweepRecord,
-    runner: Runner,
-    sweep_id: str,
-    points: list[Point],
-    done_before: dict[str, str],
-    sweep_dir: Path,
-    overrides: list[str],
-) -> str:
-    """The sweep's parent run, listing every point (and the run a skipped one reuses)."""
-    planned = records.points_json(points, done_before)
-    extra = {
-        metrics.TAG_COMMAND: records.command_line(),
-        metrics.TAG_SWEEP_DIR: str(sweep_dir),
-        metrics.TAG_RANKS_START: runner.ranks_start,
-        **provenance.code_tags(),
-    }
-    return record.start_parent(
-        sweep_id, records.parent_name(points, overrides), overrides, planned, runner.scheduler, extra
-    )
 
 
 def write_report(record: SweepRecord, sweep_dir: Path, target: float | None = None, offline: str | None = None) -> Any:

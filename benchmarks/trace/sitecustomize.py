@@ -17,7 +17,8 @@ import time
 T0 = float(os.environ.get("TRACE_T0", "0") or 0)
 DIR = os.environ.get("TRACE_DIR")
 NAMES = {
-    "sweeper.sweep": ["open_sweep", "write_report", "start_parent", "check_data", "resume"],
+    "sweeper.sweep": ["write_report", "check_data"],
+    "sweeper.track.opening": ["open_sweep", "start_parent", "resume"],
     "sweeper.track.records": [
         "SweepRecord.__init__",
         "SweepRecord.start_parent",
