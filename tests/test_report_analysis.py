@@ -151,6 +151,9 @@ def test_a_tie_within_rounding_goes_to_the_cheaper_point_and_the_finding_says_so
     best = analysis.best_point(ranks, precision)
     assert best.name == "hidden=512,nproc=1"
     (said,) = [f for f in findings.findings(ranks, ["nproc"], best, []) if f.startswith("Best:")]
+    assert said.startswith(
+        "Best: nproc=1 reaches test precision 0.9687"
+    )  # named with its ranks: the ties differ in them
     assert "tied within 0.001 with nproc=2, nproc=4, it is the cheapest" in said, said
     widths = [
         point("hidden=1024", {"nproc": 1, "hidden": 1024, "batch_size": 8}, 1, precision=0.9690),

@@ -68,7 +68,8 @@ def _results(points: Sequence[Any], axis: Sequence[str], best: Any | None, fams:
             else ""
         )
         out.append(
-            f"Best: {_name(best, axis)} reaches test precision {best.metrics[metrics.TEST_PRECISION]:.4f}{loss} "
+            f"Best: {_name(best, axis, nproc=bool(ties))} reaches test precision "
+            f"{best.metrics[metrics.TEST_PRECISION]:.4f}{loss} "
             f"(of {len(finished)} finished point(s); diverged points never count{tied})."
         )
     bad = [p for p in finished if p.diverged]
