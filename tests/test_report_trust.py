@@ -62,7 +62,8 @@ def test_a_recorded_study_reports_speedups_it_can_trust(tmp_path):
     summary = (tmp_path / "r" / "summary.md").read_text()
     lines = summary.splitlines()
     findings = [line for line in lines if line.startswith("- ")]
-    assert findings[0].startswith("- Best: lr=0.2 reaches test precision 0.9300")  # not the diverged 0.99
+    assert findings[0].startswith("- Best: lr=0.2, nproc=1 reaches test precision 0.9300")  # not the diverged 0.99
+    assert "tied within 0.001 with lr=0.2, nproc=2, it is the cheapest" in findings[0]  # the same result for less
     assert (
         findings[1] == "- Diverged: lr=0.8, nproc=1 (loss is NaN at step 2); lr=0.8, nproc=2 (loss is NaN at step 2)."
     )
