@@ -267,7 +267,7 @@ def test_a_run_stops_when_its_sweep_asks(idx_dir, mlflow_uri, tmp_path):
         (["hydra.sweeper.objective=time_to_target"], "needs the test precision to reach: set report.target"),
         (["launcher.warm=false"], "use launcher=local (launcher.warm=true, the default)"),
         (
-            ["nproc=1,3", "launcher.cpus=2", "launcher.oversubscribe=false"],
+            ["nproc=1,3", "launcher.oversubscribe=false"],  # TINY has launcher.cpus=2
             "nproc=3 needs 3 CPU cores but this machine has 2",
         ),
         (["hydra.sweeper.n_trail=3"], "Key 'n_trail' not in 'SearchSweeperConfig'"),

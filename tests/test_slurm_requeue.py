@@ -134,11 +134,12 @@ def test_a_clusters_teardown_removes_the_segments_of_its_jobs_only(tmp_path):
     """scripts/slurm_down.sh gives /dev/shm back: what its jobs' killed steps left, nothing else."""
     from sweeper.job import mpich_shm
 
-    job, _step, leaked = _leave_a_segment(tmp_path)
+    job, step, leaked = _leave_a_segment(tmp_path)
+    assert leaked.exists(), (job, step, sorted(p.name for p in mpich_shm.SHM.glob("mpich_*"))[-20:])
     other = mpich_shm.SHM / f"mpich_shm_{mpich_shm.world_id(job + '0', '0')}_0"  # not one of these jobs'
     other.write_bytes(b"")
     try:
-        assert mpich_shm.remove_jobs([job]) >= 1  # (and any a dead cluster left under this id)
+        assert mpich_shm.remove_jobs([job]) >= 1, (job, step, leaked.exists())  # and any a dead cluster left
         assert not leaked.exists() and other.exists()
     finally:
         other.unlink(missing_ok=True)
