@@ -20,7 +20,10 @@ SAME_RESULT = 0.005  # precision differences below half a percentage point: npro
 def timing_study(points: Sequence[Any]) -> bool:
     """A study whose points were all timed alone (perf.timing=exclusive): it is about speed, and its
     precision (the scaling preset's one epoch at lr=1e-4) is not a result to headline."""
-    return bool(points) and all(p.tags.get(metrics.TAG_TIMING_POLICY) == "exclusive" for p in points)
+    # The points' own config, not the timing tags a retiming alone gives them (study.timed_again).
+    return bool(points) and all(
+        (p.get("perf.timing") or p.tags.get(metrics.TAG_TIMING_POLICY)) == "exclusive" for p in points
+    )
 
 
 def _name(p: Any, axis: Sequence[str], nproc: bool = False) -> str:
