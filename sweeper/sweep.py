@@ -66,6 +66,14 @@ class Sweep:
         self.base, self.opts, self.source = base, base.sweep, source
         self.sweep_dir, self.overrides = sweep_dir, overrides
         self.sweep_id = uuid.uuid4().hex[:8]
+        # Set by check: the launcher's runner, the points (the source's), the store and experiment.
+        self.runner: Runner
+        self.points: list[Point] = []
+        self.uri = self.experiment = ""
+        # Set by start: the points to run, those finished before (hash -> run), an earlier sweep's live ones.
+        self.todo: list[Point] = []
+        self.done_before: dict[str, str] = {}
+        self.earlier: dict[int, Any] = {}
         self.record: SweepRecord | None = None  # once the store is open
         self.flight_ahead: Flight | None = None  # a grid's points started before the store was open
         self.early: EarlyReport | None = None  # the report drawn while the points run
