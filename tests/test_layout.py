@@ -66,20 +66,16 @@ def floor(module: str) -> int:
     return 1 + len(wings)
 
 
-def test_every_trainer_module_has_a_floor_and_every_wing_says_what_lives_there():
-    for name in modules("trainer"):
+@pytest.mark.parametrize(("package", "wings"), [("trainer", WINGS), ("sweeper", SWEEPER_WINGS)])
+def test_every_module_has_a_floor_and_every_wing_says_what_lives_there(package, wings):
+    for name in modules(package):
         floor(name)
-    for wing in WINGS:
-        doc = ast.get_docstring(ast.parse((ROOT / "trainer" / wing / "__init__.py").read_text()))
-        assert doc and "Imports" in doc, f"trainer/{wing}/__init__.py must say what lives there and what it imports"
+    for wing in wings:
+        doc = ast.get_docstring(ast.parse((ROOT / package / wing / "__init__.py").read_text()))
+        assert doc and "Imports" in doc, f"{package}/{wing}/__init__.py must say what lives there and what it imports"
 
 
-def test_every_sweeper_module_has_a_floor_and_every_wing_says_what_lives_there():
-    for name in modules("sweeper"):
-        floor(name)
-    for wing in SWEEPER_WINGS:
-        doc = ast.get_docstring(ast.parse((ROOT / "sweeper" / wing / "__init__.py").read_text()))
-        assert doc and "Imports" in doc, f"sweeper/{wing}/__init__.py must say what lives there and what it imports"
+def test_the_sweepers_top_holds_its_doors_and_leaves_only():
     top = [p.name for p in (ROOT / "sweeper").glob("*.py")]
     assert len(top) <= 10, f"sweeper/ holds {len(top)} modules at its top: give the new one its wing"
 
