@@ -1,36 +1,42 @@
-"""``python -m sweeper.status [SWEEP_ID|latest] [--report]``: a sweep's points from another terminal.
+"""``python -m sweeper.status [SWEEP_ID|latest|FOLDER] [--report]``: a sweep's points from another terminal.
 
-Reads only the tracking store (MLFLOW_TRACKING_URI, else sqlite:///mlflow.db; ``--tracking-uri``):
-each planned point queued (no run yet), running (epoch k of n, the time per epoch so far and an
+Each planned point queued (no run yet), running (epoch k of n, the time per epoch so far and an
 ETA), finished (loss, precision), failed (its error's last line), or reused from an earlier sweep.
+A sweep whose runs keep journals in its folder (local warm workers, or a tracking server) is read
+from its own files (``sweep.json`` and the journals: sweeper/track/sweep_file.py), without MLflow;
+any other from the tracking store (MLFLOW_TRACKING_URI, else sqlite:///mlflow.db; ``--tracking-uri``).
 ``--report`` also builds the report of what has finished so far (``<sweep folder>/report-so-far``).
 """
 
 from __future__ import annotations
 
 import argparse
+import socket
 import statistics
 import sys
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 from rich.table import Table
 
 from sweeper.display import console
-from sweeper.report.__main__ import default_folder, find_parents, open_experiment, store_arguments
+from sweeper.report.__main__ import store_arguments
 from sweeper.report.study import planned_points, series
+from sweeper.track import sweep_file
 from trainer import metrics
+from trainer.ranks.processes import alive
 
 COLOURS = {"queued": "dim", "running": "yellow", "finished": "green", "reused": "cyan"}
 
 
-def point_state(run: Any | None, reused: bool, epoch_s: list[tuple[int, float]]) -> tuple[str, str]:
-    """(state, what to say of it) of one planned point from its run (None: not started yet) and,
-    running, its epochs' times so far (step: epoch)."""
+def point_state(run: dict[str, Any] | None, reused: bool) -> tuple[str, str]:
+    """(state, what to say of it) of one planned point from its run (None: not started yet): its
+    status, params, metrics (last values), tags and, running, its epochs' times so far (step, s)."""
     if run is None:
         return ("reused", "finished in an earlier sweep") if reused else ("queued", "")
-    m, status = run.data.metrics, run.info.status
-    epochs = int(run.data.params.get("epochs", 0) or 0)
+    m, status, epoch_s = run["metrics"], run["status"], run["epoch_s"]
+    epochs = int(run["params"].get("epochs", 0) or 0)
     if status == "RUNNING":
         if not epoch_s:
             return "running", f"before its first epoch of {epochs}"
@@ -43,8 +49,33 @@ def point_state(run: Any | None, reused: bool, epoch_s: list[tuple[int, float]])
         loss, prec = m.get(metrics.TRAIN_LOSS_EPOCH), m.get(metrics.TEST_PRECISION)
         text = "" if loss is None else f"loss {loss:.4f}"
         return "finished", text + ("" if prec is None else f", precision {prec:.4f}")
-    error = run.data.tags.get(metrics.TAG_ERROR, "").strip().splitlines()
+    error = run["tags"].get(metrics.TAG_ERROR, "").strip().splitlines()
     return status.lower(), error[-1] if error else ""
+
+
+def file_rows(folder: Path) -> tuple[str, list[tuple[str, str, str]]]:
+    """The title and (point, state, detail) rows of the sweep in ``folder``, from its own files."""
+    state = sweep_file.read(folder) or {}
+    runs = sweep_file.runs(folder)
+    status = state.get("status", "RUNNING")
+    host, _, pid = state.get("sweeper", "").partition(" ")
+    if status == "RUNNING" and host == socket.gethostname() and pid.isdigit() and not alive(int(pid)):
+        status = f"RUNNING, but its sweeper (pid {pid}) is gone: the next sweep here closes its runs"
+    rows = []
+    for entry in state.get("points", []):
+        run = runs.get(entry["name"])
+        point, detail = point_state(run, bool(entry.get("reused_run")))
+        if run is not None and run["status"] == "RUNNING" and status != "RUNNING":
+            point, detail = "unended", f"its journal has no end; the sweep ended {status}"
+        rows.append((entry["name"], point, detail))
+    return f"sweep {state.get('sweep_id')}: {state.get('name')} ({status})", rows
+
+
+def mlflow_run(client: Any, run: Any) -> dict[str, Any]:
+    """What point_state reads of an MLflow run (its epoch times sampled: epochs=100000 reads 2000)."""
+    epoch_s = series(client, run.info.run_id, metrics.EPOCH_TIME) if run.info.status == "RUNNING" else []
+    d = run.data
+    return {"status": run.info.status, "params": d.params, "metrics": d.metrics, "tags": d.tags, "epoch_s": epoch_s}
 
 
 def status_rows(client: Any, parent: Any) -> list[tuple[str, str, str]]:
@@ -58,10 +89,8 @@ def status_rows(client: Any, parent: Any) -> list[tuple[str, str, str]]:
     rows = []
     for entry in planned:
         run = own.get(entry["name"])
-        epoch_s = []
-        if run is not None and run.info.status == "RUNNING":
-            epoch_s = series(client, run.info.run_id, metrics.EPOCH_TIME)  # sampled: epochs=100000 reads 2000
-        rows.append((entry["name"], *point_state(run, bool(entry.get("reused_run")), epoch_s)))
+        point = point_state(None if run is None else mlflow_run(client, run), bool(entry.get("reused_run")))
+        rows.append((entry["name"], *point))
     return rows
 
 
@@ -73,12 +102,18 @@ def main(argv: list[str] | None = None) -> int:
     store_arguments(parser)
     parser.add_argument("--report", action="store_true", help="also build the report of what has finished so far")
     args = parser.parse_args(argv)
-    client, experiment_id = open_experiment(args)
-    (parent,) = find_parents(client, experiment_id, [args.sweep])
-    rows = status_rows(client, parent)
-    table = Table(
-        title=f"sweep {parent.data.tags.get(metrics.TAG_SWEEP_ID)}: {parent.info.run_name} ({parent.info.status})"
-    )
+    own_store = args.tracking_uri is None and args.experiment is None  # else: that store's sweeps
+    folder = sweep_file.find(args.sweep, Path.cwd()) if own_store and not args.report else None
+    if folder is not None:
+        title, rows = file_rows(folder)
+    else:
+        from sweeper.report.__main__ import find_parents, open_experiment
+
+        client, experiment_id = open_experiment(args)
+        (parent,) = find_parents(client, experiment_id, [args.sweep])
+        rows = status_rows(client, parent)
+        title = f"sweep {parent.data.tags.get(metrics.TAG_SWEEP_ID)}: {parent.info.run_name} ({parent.info.status})"
+    table = Table(title=title)
     for col in ("point", "state", ""):
         table.add_column(col, overflow="fold")
     for point, state, detail in rows:
@@ -89,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     console.print("  ".join(f"{s} {n}" for s, n in counts.items()) + f"  of {len(rows)}")
     if args.report:
         from sweeper.report import report_for
+        from sweeper.report.__main__ import default_folder
 
         folder = default_folder([parent]).parent / "report-so-far"
         report = report_for(client, [parent], folder, attach=False)

@@ -23,7 +23,7 @@ from sweeper.points import Point
 from sweeper.report import drawing
 from sweeper.runners.base import Runner, SchedulerAwayError, make_runner
 from sweeper.timeline import phase
-from sweeper.track import ahead, offline_report, retime
+from sweeper.track import ahead, offline_report, records, retime, sweep_file
 from sweeper.track.collect import close_runs, spent, stopped_early
 from sweeper.track.early_report import EarlyReport
 from sweeper.track.handoff import HandoffSender
@@ -33,6 +33,7 @@ from sweeper.track.watch import Flight, interrupts_noted, watch
 from trainer import data, limits
 from trainer.core.clock import process_start
 from trainer.errors import ConfigError, disk_full
+from trainer.ranks.processes import owner
 from trainer.record import journal, store, uri_check
 
 
@@ -118,13 +119,23 @@ class Sweep:
         store.open_ahead()
         with phase("points: first"):  # a search's first trials; a worker per shape it holds starts meanwhile
             self.points = self.source.first(runner)
+        self.keep_state()
         drawing.warm_up(early=True)  # the report's drawing children, where cores are left idle
         with phase("store: parent run, resume"):
-            self.record = SweepRecord(uri, self.experiment)
+            self.record = SweepRecord(uri, self.experiment, self.sweep_dir)
             self.todo, self.done_before, self.earlier = open_sweep(
                 self.record, runner, self.sweep_id, self.points, self.sweep_dir, self.overrides, self.opts.force,
                 self.flight_ahead,
             )  # fmt: skip
+
+    def keep_state(self) -> None:
+        """The sweep in its folder from now, for ``python -m sweeper.status`` (sweeper/track/sweep_file.py):
+        points that go ahead of the store train before its parent run exists."""
+        journals = self.runner.hands_off(self.points) or store.sqlite_file(self.uri) is None  # or spooled for a server
+        name = records.parent_name(self.points, self.overrides)
+        planned = records.points_json(self.points, {})
+        sweep_file.keep(self.sweep_dir, sweep_id=self.sweep_id, name=name, status="RUNNING", points=planned,
+                        journals=journals, sweeper=owner())  # fmt: skip
 
     def watch(self) -> Flight:
         """Run the points, and those the source gives as they end, to the last; the points in all."""

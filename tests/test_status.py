@@ -9,46 +9,59 @@ import time
 
 import pytest
 
-from sweeper.status import status_rows
+from sweeper.status import file_rows, status_rows
+from sweeper.track import sweep_file
 from tests.test_sweeper import parents
 from trainer.record import store
 
 pytestmark = pytest.mark.mpi
+EPOCHS = 3000  # of 6 batches: seconds a point, long enough to be seen running both ways
 
 
 def test_status_shows_a_running_sweeps_points_from_another_terminal(idx_dir, mlflow_uri, tmp_path):
     # One core for the sweep: its two points train one after the other, long enough to be seen.
-    args = ["hidden=16,32", "epochs=600", "batch_size=10", "data.n_train=60", f"data.dir={idx_dir}"]
+    args = ["hidden=16,32", f"epochs={EPOCHS}", "batch_size=10", "data.n_train=60", f"data.dir={idx_dir}"]
     cmd = [sys.executable, "-m", "sweeper", "-m", *args, "device=cpu", "launcher.cpus=1", "check.reference=false"]
     proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        seen = None
+        seen: dict[str, dict | None] = {"store": None, "files": None}  # the rows of each way, once one runs
         deadline = time.time() + 180
-        while time.time() < deadline and proc.poll() is None:
+        while time.time() < deadline and proc.poll() is None and None in seen.values():
+            folder = sweep_file.find("latest", tmp_path)  # the sweep's own files: its runs are handed off
+            if folder is not None and seen["files"] is None:
+                seen["files"] = running({p: (s, d) for p, s, d in file_rows(folder)[1]})
             found = parents(mlflow_uri)
-            if found:
-                rows = {p: (s, d) for p, s, d in status_rows(store.client(mlflow_uri), found[0])}
-                if any(s == "running" and " of 600, " in d for s, d in rows.values()):  # once its params are in
-                    seen = rows
-                    break
+            if found and seen["store"] is None:
+                seen["store"] = running({p: (s, d) for p, s, d in status_rows(store.client(mlflow_uri), found[0])})
             time.sleep(0.3)
-        assert seen is not None, proc.stdout.read() if proc.poll() is not None else "no point seen running"
-        (state, detail), other = seen["hidden=16"], seen["hidden=32"]
-        if state == "finished":  # the first trained before the look: the second is the one running
-            (state, detail), other = other, (state, "")
-            assert other[0] == "finished"
-        else:
-            assert other == ("queued", "")  # one core: it waits for the first
-        assert state == "running" and " of 600, " in detail and "ETA" in detail
+        assert None not in seen.values(), proc.stdout.read() if proc.poll() is not None else f"not seen: {seen}"
+        for rows in seen.values():  # a point running, with its epoch and ETA; the other waits, runs or is done
+            assert set(rows) == {"hidden=16", "hidden=32"}
+            assert any(s == "running" and f" of {EPOCHS}, " in d and "ETA" in d for s, d in rows.values()), rows
+            assert {s for s, _d in rows.values()} <= {"queued", "running", "finished"}, rows
     finally:
         out, _ = proc.communicate(timeout=240)
     assert proc.returncode == 0, out
-    result = subprocess.run(
-        [sys.executable, "-m", "sweeper.status", "latest"], cwd=tmp_path, capture_output=True, text=True, timeout=120
-    )
+    # #49: from another terminal, from the sweep's own files: MLflow is never imported.
+    said = "import sys; from sweeper.status import main; rc = main(['latest']); print('mlflow' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", said], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert "finished 2  of 2" in result.stdout and "(FINISHED)" in result.stdout
     assert result.stdout.count("loss ") == 2
+    assert result.stdout.splitlines()[-1] == "False", result.stdout
+    # The store's answer is the same: a sweep id names it there too.
+    sweep_id = sweep_file.read(folder)["sweep_id"]
+    result = subprocess.run(
+        [sys.executable, "-m", "sweeper.status", sweep_id, "--tracking-uri", mlflow_uri],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "finished 2  of 2" in result.stdout and result.stdout.count("loss ") == 2
+
+
+def running(rows: dict[str, tuple[str, str]]) -> dict | None:
+    """The rows once a point is running with its params in (its epochs known), else None."""
+    return rows if any(s == "running" and f" of {EPOCHS}, " in d for s, d in rows.values()) else None
 
 
 @pytest.mark.parametrize("command", ["sweeper.status", "sweeper.report"])

@@ -13,6 +13,7 @@ from typing import Any
 from sweeper.config import FLAGS
 from sweeper.folders import ending_note
 from sweeper.points import NOT_NAMES, POINTS_ARTIFACT, Point
+from sweeper.track import sweep_file
 from trainer import metrics
 from trainer.ranks.processes import alive, owner
 from trainer.record import journal, store
@@ -28,8 +29,11 @@ def points_json(points: list[Point], reused: dict[str, str]) -> list[dict]:
 
 
 class SweepRecord:
-    def __init__(self, uri: str, experiment: str) -> None:
+    def __init__(self, uri: str, experiment: str, folder: Path | None = None) -> None:
+        """``folder``: the sweep's, where the parent's state is kept for ``python -m sweeper.status``
+        too (sweep_file.py)."""
         self.uri, self.experiment = store.absolute_uri(uri), experiment
+        self.folder = folder
         self.client = store.client(self.uri)
         self.experiment_id = store.ensure_experiment(self.client, self.uri, experiment)
         self.parent_id: str | None = None
@@ -105,6 +109,7 @@ class SweepRecord:
             self.client.log_param(self.parent_id, key, value)
         self.client.log_dict(self.parent_id, points, POINTS_ARTIFACT)
         self.started = (name, tags, params, points)  # for a report built offline (sweeper/track/offline_report.py)
+        self._keep(sweep_id=sweep_id, name=name, status="RUNNING", points=points)
         return self.parent_id
 
     def replan(self, points: list[Point], reused: dict[str, str]) -> None:
@@ -113,6 +118,7 @@ class SweepRecord:
         self.client.log_dict(self.parent_id, planned, POINTS_ARTIFACT)
         if self.started is not None:
             self.started = (*self.started[:3], planned)
+        self._keep(points=planned)
 
     def children(self, sweep_id: str) -> dict[str, Any]:
         """Child runs of this sweep by run name (the point's overrides)."""
@@ -132,6 +138,12 @@ class SweepRecord:
     def end_parent(self, status: str) -> None:
         if self.parent_id:
             self.client.set_terminated(self.parent_id, status)
+            self._keep(status=status)
+
+    def _keep(self, **fields: Any) -> None:
+        """The parent's state in the sweep's folder too (sweep_file.py)."""
+        if self.folder is not None:
+            sweep_file.keep(self.folder, **fields)
 
     def close_orphans(
         self, live: Callable[[list[str]], set[str]]
@@ -166,6 +178,8 @@ class SweepRecord:
                 self.client.set_terminated(run.info.run_id, "KILLED")
             self.client.set_tag(parent.info.run_id, metrics.TAG_ERROR, why)
             self.client.set_terminated(parent.info.run_id, "KILLED")
+            if folder and sweep_file.read(Path(folder)) is not None:
+                sweep_file.keep(Path(folder), status="KILLED")
             closed.append((sweep_id, folder or sweep_id))
         return closed, going_on
 
@@ -187,6 +201,7 @@ class SweepRecord:
                 closed = f"; runs closed so: {', '.join(r.info.run_name for r in kids)}" if kids else ""
                 self.client.set_tag(self.parent_id, metrics.TAG_ERROR, f"{why}{closed}"[-5000:])
                 self.client.set_terminated(self.parent_id, status)
+                self._keep(status=status)
         except Exception:  # the store itself may be what failed
             return False
         return True
