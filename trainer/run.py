@@ -11,7 +11,7 @@ import socket
 import sys
 import time
 import traceback
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from omegaconf import DictConfig
@@ -19,7 +19,7 @@ from omegaconf import DictConfig
 from trainer import data as data_mod
 from trainer import limits, metrics, step
 from trainer.config import Timing, validate
-from trainer.core import reference
+from trainer.core import model, reference
 from trainer.core.clock import PhaseClock, process_start
 from trainer.core.loop import STEP_PHASES, DivergedError, Schedule, Snapshot, fit
 from trainer.core.timing import Protocol
@@ -193,6 +193,52 @@ def _record_failure(
     return KILLED_STATUS if status == "KILLED" else 1
 
 
+@dataclass(frozen=True)
+class RankSetup:
+    """What one rank trains with, made once before its first batch (``set_up``)."""
+
+    xp: Any  # numpy or cupy
+    on_gpu: bool
+    layout: model.Layout
+    init: Any  # the first weights on the host: the reference's and the artifact's
+    schedule: Schedule
+    params: Any  # the weights this rank trains, on its device (a checkpoint's on a resume)
+    train: tuple[Any, Any]  # (x, y) where the step reads them (placed)
+    test: tuple[Any, Any]
+    options: StepOptions  # without graphs where the sums cannot be captured
+    allreduce: Any  # trainer/ranks/parallel.py make_allreduce
+    overlap: bool  # the sums overlapped with the compute (NCCL alone can)
+
+    def step(self, weights: Any, world_size: int) -> Any:
+        """The step a fit of ``weights`` takes (trainer/step.py)."""
+        return step.build(self.options, self.xp, self.layout, weights, self.schedule.batch_size, world_size,
+                          self.allreduce)  # fmt: skip
+
+
+def set_up(
+    cfg: DictConfig,
+    options: StepOptions,
+    world: parallel.World,
+    backend: Backend,
+    ds: data_mod.Dataset,
+    ckpt: checkpoint.Checkpoint | None,
+) -> RankSetup:
+    """The rank's weights, data, sums and step options, before its clock starts."""
+    xp = backend.xp
+    layout, init = first_weights(cfg, ds.n_features)
+    params = xp.array(init if ckpt is None else ckpt.params)  # a copy: init is kept for the reference and the artifact
+    allreduce = parallel.make_allreduce(
+        options.comm, world, backend.kind == "gpu", backend.n_devices, xp, layout.size + 1, params.dtype,
+        beside_gemm=options.beside_gemm, window=options.nccl_window,
+    )  # fmt: skip
+    if options.graph and not allreduce.capturable:  # gpu.comm=mpi: its sums pass through the host
+        options = replace(options, graph=False)
+    train, test = placed(cfg, ds, backend)
+    overlap = options.overlap and allreduce.overlaps
+    return RankSetup(xp, backend.kind == "gpu", layout, init, schedule_of(cfg), params, train, test, options,
+                     allreduce, overlap)  # fmt: skip
+
+
 def train_on_rank(
     cfg: DictConfig,
     options: StepOptions,
@@ -207,78 +253,63 @@ def train_on_rank(
     ``ckpt``: the checkpoint to resume from. Rank 0 ends its run FINISHED and returns its check, to
     land once the reference is there; other ranks None."""
     held_from = time.perf_counter()  # the devices are the run's from here (GPU-seconds)
-    xp, on_gpu = backend.xp, backend.kind == "gpu"
-    layout, init = first_weights(cfg, ds.n_features)
-    schedule = schedule_of(cfg)
-    params = xp.array(init if ckpt is None else ckpt.params)  # a copy: init is kept for the reference and the artifact
-    train, test = placed(cfg, ds, backend)
-    clock = PhaseClock(STEP_PHASES, gpu=on_gpu, nvtx=options.profile)
-    allreduce = parallel.make_allreduce(
-        *(options.comm, world, on_gpu, backend.n_devices, xp, layout.size + 1, params.dtype),
-        *(options.beside_gemm, options.nccl_window),
-    )
-    overlap = options.overlap and allreduce.overlaps  # NCCL alone can
-    if options.graph and not allreduce.capturable:  # gpu.comm=mpi: its sums pass through the host
-        options = replace(options, graph=False)
+    run = set_up(cfg, options, world, backend, ds, ckpt)
+    xp, params, schedule, layout, (x, y) = run.xp, run.params, run.schedule, run.layout, run.train
+    clock = PhaseClock(STEP_PHASES, gpu=run.on_gpu, nvtx=options.profile)
     steps = steps_checked(cfg, len(ds.y_train), schedule)  # the check compares the first `steps`
     snapshot = Snapshot(steps) if 0 < steps < reference.steps_of("all", len(ds.y_train), schedule) else None
     if snapshot is not None and ckpt is not None and ckpt.snapshot.size:  # taken before the job was requeued
         snapshot.weights = ckpt.snapshot
     job = None
     if recorder is not None:
-        recorder.set_tags(options.tags(type(allreduce).__name__, overlap))
+        recorder.set_tags(run.options.tags(type(run.allreduce).__name__, run.overlap))
         if steps:
             recorder.set_tags({metrics.TAG_CHECK_STEPS: str(steps)})
-        if steps and on_gpu:  # beside the GPU's training, on CPU cores it leaves idle
-            job = start_reference(cfg, layout, schedule, init, ds, steps)
+        if steps and run.on_gpu:  # beside the GPU's training, on CPU cores it leaves idle
+            job = start_reference(cfg, layout, schedule, run.init, ds, steps)
     resume_key = checkpoint.resume_key(cfg) if recorder is not None and cfg.save.checkpoint_dir else ""
     origin = process_start() if origin is None else origin
     end = EpochEnd(
-        cfg, world.comm, recorder, backend.to_host, layout, params, test, clock, origin, snapshot, resume_key
+        cfg, world.comm, recorder, backend.to_host, layout, params, run.test, clock, origin, snapshot, resume_key
     )
 
-    def steps_on(weights: Any) -> Any:  # the step a fit of these weights takes
-        return step.build(options, xp, layout, weights, schedule.batch_size, world.size, allreduce)
-
     def time_epochs(epochs: int) -> PhaseClock:  # the timing pass: steps on a scratch copy, the run's weights kept
-        timed, scratch = PhaseClock(STEP_PHASES, gpu=on_gpu), params.copy()
-        fit(steps_on(scratch), xp, scratch, *train, replace(schedule, epochs=epochs), world.rank, world.size, timed)
+        timed, scratch = PhaseClock(STEP_PHASES, gpu=run.on_gpu), params.copy()
+        fit(run.step(scratch, world.size), xp, scratch, x, y, replace(schedule, epochs=epochs), world.rank,
+            world.size, timed)  # fmt: skip
         return timed
 
     exclusive, name = cfg.perf.timing == Timing.exclusive, cfg.mlflow.run_name
     span = contextlib.nullcontext() if recorder is None else for_run(name, exclusive, world.size, backend.kind)
-    with span, step.stream_for(options):  # the batches timed: the host's lock held, what else ran meanwhile noted
+    with span, step.stream_for(run.options):  # the batches timed: the host's lock held, what else ran meanwhile noted
         parallel.wait_for_all(world.comm)  # every rank starts its clock once rank 0 has the host
         waiting = CoreWait()  # and what else ran on its cores
-        training_step = steps_on(params)
-        fit(
-            training_step,
-            *(xp, params, *train, schedule, world.rank, world.size, clock, end),
-            before_step=faults.hook(cfg.fault, world.rank),
-            start_epoch=1 if ckpt is None else ckpt.epoch + 1,
-            snapshot=snapshot,
-        )
+        training_step = run.step(params, world.size)
+        fit(training_step, xp, params, x, y, schedule, world.rank, world.size, clock, end,
+            before_step=faults.hook(cfg.fault, world.rank), start_epoch=1 if ckpt is None else ckpt.epoch + 1,
+            snapshot=snapshot)  # fmt: skip
         batches = -(-len(ds.y_train) // schedule.batch_size)
         measured = measure_run(clock, protocol_of(cfg), batches, world.comm, time_epochs)
         waited = waiting.share()
-    core_wait = None if on_gpu else worst_wait(world.comm, waited)  # a GPU computes on while its rank's thread waits
+    # A GPU computes on while its rank's thread waits: only CPU ranks' waits are theirs.
+    core_wait = None if run.on_gpu else worst_wait(world.comm, waited)
     if recorder is None:
         return None
     record_resources(recorder, backend.kind, world.size, time.perf_counter() - held_from, end.training_s)
     record_beside(recorder, span, core_wait)
     if steps and job is None:  # on the CPU, after the timed batches: it would take their cores
-        job = start_reference(cfg, layout, schedule, init, ds, steps)
-    if options.graph:  # the phases the training replayed as CUDA graphs (none: a run of one epoch)
+        job = start_reference(cfg, layout, schedule, run.init, ds, steps)
+    if run.options.graph:  # the phases the training replayed as CUDA graphs (none: a run of one epoch)
         recorder.set_tags({metrics.TAG_GRAPHS: str(training_step.captured)})
-    if allreduce.window_state is not None:  # known once fit has asked it for the gradient's buffer
-        recorder.set_tags({"sweepscale.nccl_window": allreduce.window_state})
+    if run.allreduce.window_state is not None:  # known once fit has asked it for the gradient's buffer
+        recorder.set_tags({"sweepscale.nccl_window": run.allreduce.window_state})
     phase_ms = {**measured.phases, "batch": measured.batch_ms}
-    perf = (recorder, cfg, layout, backend, phase_ms, world.size, overlap)
-    record_performance(*perf, options=options, comm=allreduce.via, n_train=len(ds.y_train), measured=measured)
+    record_performance(recorder, cfg, layout, backend, phase_ms, world.size, run.overlap, options=run.options,
+                       comm=run.allreduce.via, n_train=len(ds.y_train), measured=measured)  # fmt: skip
     final = backend.to_host(params)
-    finish_run(cfg, recorder, layout, init, final, end.last, measured.batch_ms, world.size, backend, job)
+    finish_run(cfg, recorder, layout, run.init, final, end.last, measured.batch_ms, world.size, backend, job)
     checked = final if snapshot is None else end.snapshot_on_host()
-    return PendingCheck(job, on_gpu, recorder, layout, checked, steps)
+    return PendingCheck(job, run.on_gpu, recorder, layout, checked, steps)
 
 
 def protocol_of(cfg: DictConfig) -> Protocol:

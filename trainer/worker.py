@@ -170,7 +170,7 @@ def _next_point(
     from omegaconf import open_dict
 
     from trainer import metrics
-    from trainer.config import Gemm, validate
+    from trainer.config import Gemm
     from trainer.errors import ConfigError
     from trainer.lifecycle.check import PendingCheck
     from trainer.run import train_and_defer
@@ -182,8 +182,7 @@ def _next_point(
         return None
     status, error = 0, ""
     try:
-        cfg = load_point(point_dir)
-        validate(cfg)
+        cfg = load_point(point_dir)  # typed by the schema; its values validated once, by the sweeper's plan
         if cfg.nproc != world.size:
             raise ConfigError(f"nproc={cfg.nproc} but this worker has {world.size} ranks")
         if (cfg.gpu.gemm == Gemm.tf32) != tf32:
