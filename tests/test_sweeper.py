@@ -134,6 +134,7 @@ def test_dry_run_lists_points_and_resources_without_submitting(tmp_path, mlflow_
         assert name in result.stdout
     assert "1 node(s) x 2 task(s), 1 CPU rank each" in result.stdout
     assert not Path(mlflow_uri.removeprefix("sqlite:///")).exists()
+    assert not Path(os.environ["SWEEPSCALE_CACHE"]).exists(), "the reference cache's folder is tried, not left"
 
 
 def test_a_preview_checks_neither_this_machines_cores_nor_its_data_and_a_sweep_does(tmp_path, mlflow_uri):

@@ -3,6 +3,7 @@ before anything starts."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import resource
 import tempfile
@@ -48,11 +49,17 @@ def too_big(hidden: int, dtype: str) -> str:
 def check_writable(key: str, folder: str) -> None:
     """A folder the run writes into after training (created if missing) must take a file: found
     now, not after the training it would waste. A test beats os.access (read-only mounts, /proc)."""
+    path = Path(folder).expanduser()
+    made = [p for p in (path, *path.parents) if not p.exists()]  # deepest first: removed after the test
     try:
-        Path(folder).expanduser().mkdir(parents=True, exist_ok=True)
-        tempfile.TemporaryFile(dir=Path(folder).expanduser()).close()
+        path.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=path).close()
     except OSError as e:
         raise ConfigError(f"{key}={folder}: cannot write there ({e.strerror}); point it at a writable folder") from None
+    finally:  # a dry run or a refused sweep leaves no empty folder; the run makes it when it writes
+        for p in made:
+            with contextlib.suppress(OSError):
+                p.rmdir()
 
 
 def check_folders(cfg: Any) -> None:
