@@ -3,6 +3,8 @@ the closing table and the worker pool read it."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 from sweeper.job import job_end
 
 # What a cold point's job raised, as submitit reports it: the job body's error is its trace's last line.
@@ -45,3 +47,20 @@ def test_a_job_that_ended_well_around_a_failed_point_is_not_called_finished():
             return RuntimeError("worker w1 exited with status 9 (queue q)")
 
     assert job_end.describe(Job()) == "worker w1 exited with status 9 (queue q)"
+
+
+def test_a_job_that_left_no_result_leads_with_the_cause_from_its_log(tmp_path):
+    """#50: a failure's text began with submitit's "FAILED: Job N (task: 0) with path ..._result.pkl"."""
+    log = tmp_path / "7_0_log.err"
+    log.write_text("srun: error: node1: task 0: Out Of Memory\nsome noise\n")
+
+    class Job:  # what submitit's Slurm job says of a job killed before it wrote its result
+        state, job_id, paths = "OUT_OF_MEMORY", "7", SimpleNamespace(stderr=log)
+
+        def exception(self):
+            return RuntimeError(f"Job 7 (task: 0) with path {tmp_path}/7_0_result.pkl\nhas not produced any output")
+
+    said = job_end.describe(Job())
+    assert said.splitlines()[0] == "srun: error: node1: task 0: Out Of Memory", said
+    assert said.splitlines()[-1] == "(OUT_OF_MEMORY: job 7 left no result)"
+    assert "result.pkl" not in said

@@ -17,6 +17,9 @@ ERRORISH = re.compile(
 SUBMITIT_REPORT = "submitit ERROR"  # submitit's own report follows the job's last words
 
 
+NO_RESULT = "has not produced any output"  # submitit's words for a job that ended without its result
+
+
 def one_line(error: BaseException | str | None) -> str:
     """A job's exception in one line: submitit's "failed during processing" wraps the job body's
     traceback, whose last line is the error itself."""
@@ -85,10 +88,14 @@ def _noise(line: str) -> bool:
 def describe(job: Any) -> str:
     """Why a job ended, in a few lines: the scheduler's state, the error, and the cause from its logs."""
     state = str(getattr(job, "state", "") or "")
-    error = one_line(job.exception())
+    raised = job.exception()
+    error = one_line(raised)
     if error and state in ("FINISHED", "COMPLETED"):  # the job's process ended well, its point did not
         state = ""
-    head = f"{state}: {error}" if state and state not in error else error
     paths = getattr(job, "paths", None)
     why = cause(paths.stderr) if paths is not None else ""
+    if NO_RESULT in str(raised or ""):  # submitit's "Job N (task: 0) with path ..." names no cause: the log's first
+        said = f"{state or 'ended'}: job {getattr(job, 'job_id', '?')} left no result"
+        return f"{why}\n({said})" if why else said
+    head = f"{state}: {error}" if state and state not in error else error
     return "\n".join(part for part in (head or "it exited", why) if part)
