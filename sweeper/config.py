@@ -158,6 +158,9 @@ def reject_renamed(args: list[str]) -> None:
             raise ConfigError(f"{key} is now {RENAMED[key]} (one spelling for every launcher)")
 
 
+MIN_TIME_MIN = 2  # a Slurm point's least limit: a worker's start took up to 75 s on a busy node (#50)
+
+
 def validate_sweep(base: Any) -> None:
     """Range checks of the launcher and sweep keys (Hydra checks their types): ConfigError naming
     the key and the fix, before any job starts or anything is recorded."""
@@ -187,8 +190,16 @@ def validate_sweep(base: Any) -> None:
         checks.append(
             (launcher.start_grace_s > 0, f"launcher.start_grace_s={launcher.start_grace_s}: above 0, e.g. 30")
         )
-    if "max_requeues" in launcher:
+    if "max_requeues" in launcher:  # Slurm's
         checks.append((launcher.max_requeues >= 0, f"launcher.max_requeues={launcher.max_requeues}: 0 or more"))
+        checks.append(
+            (
+                launcher.timeout_min >= MIN_TIME_MIN,
+                f"launcher.timeout_min={launcher.timeout_min}: on Slurm a point needs at least {MIN_TIME_MIN} "
+                "minutes (its worker's start took up to 75 s on a busy node, and the requeue signal comes a "
+                "quarter of the limit before it); e.g. 60",
+            )
+        )
     for key in ("gpus", "cpus", "gpus_per_node"):
         if launcher.get(key) is not None:
             checks.append((launcher[key] >= 0, f"launcher.{key}={launcher[key]}: cannot be negative"))

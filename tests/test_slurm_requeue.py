@@ -267,18 +267,21 @@ def test_a_sweep_run_again_resumes_a_time_limited_point_in_its_run(tmp_path, mlf
 
 
 def pending_jobs(job_name: str) -> list[str]:
-    out = subprocess.run(["squeue", "-h", "--me", "-o", "%A|%j|%T"], capture_output=True, text=True).stdout
+    """Pending jobs by the ids scancel takes: an array's pending tasks as ``196_[0-1]``."""
+    out = subprocess.run(["squeue", "-h", "--me", "-o", "%i|%j|%T"], capture_output=True, text=True).stdout
     rows = [line.split("|") for line in out.splitlines() if line.count("|") == 2]
     return sorted(job for job, name, state in rows if name.split(":")[0] == job_name and state == "PENDING")
 
 
 @slurm
-def test_a_killed_sweepers_pending_jobs_are_cancelled_by_the_next_sweep(tmp_path, mlflow_uri):
+@pytest.mark.parametrize("warm", [True, False], ids=["one-allocation", "job-array"])
+def test_a_killed_sweepers_pending_jobs_are_cancelled_by_the_next_sweep(warm, tmp_path, mlflow_uri):
     """#33 item 11: the sweeper SIGKILLed while its jobs still wait in Slurm's queue; the same sweep
-    again cancels them (they would train its points a second time) and runs every point once."""
+    again cancels them (they would train its points a second time) and runs every point once. #50:
+    cold points pend as array tasks, which scancel takes by their array ids (``N_[0-1]``) only."""
     runs(mlflow_uri)
     grid = ["hidden=8,16", "epochs=2", "batch_size=50", "data.n_train=200", "data.n_test=50", *SLURM]
-    held = [*grid, "+launcher.sbatch_args={begin: 'now+600'}"]  # its jobs pend (BeginTime)
+    held = [*grid, f"launcher.warm={warm}", "+launcher.sbatch_args={begin: 'now+600'}"]  # its jobs pend (BeginTime)
     first = subprocess.Popen(
         [sys.executable, "-m", "sweeper", "-m", *held],
         cwd=tmp_path,
@@ -291,8 +294,12 @@ def test_a_killed_sweepers_pending_jobs_are_cancelled_by_the_next_sweep(tmp_path
         name = f"sweepscale-{runs(mlflow_uri)[0].data.tags[metrics.TAG_SWEEP_ID]}"
         wait_for("its jobs pending", lambda: bool(pending_jobs(name)))
         waiting = pending_jobs(name)
-        comments = subprocess.run(["squeue", "-h", "-o", "%k", "-j", ",".join(waiting)], capture_output=True, text=True)
-        assert comments.stdout.split() == ["0:hidden=8+hidden=16"], comments  # one allocation, its points (item 15)
+        if warm:
+            shown = ["squeue", "-h", "-o", "%k", "-j", ",".join(waiting)]
+            comments = subprocess.run(shown, capture_output=True, text=True)
+            assert comments.stdout.split() == ["0:hidden=8+hidden=16"], comments  # one allocation, its points (item 15)
+        else:
+            assert len(waiting) == 1 and waiting[0].endswith("_[0-1]"), waiting  # the array's two tasks
         first.kill()
         first.wait()
         again = subprocess.run(

@@ -167,6 +167,7 @@ def test_dry_run_on_slurm_shows_sbatch_lines(tmp_path, mlflow_uri):
     result = sweep([*args, "launcher.warm=false", "launcher.array_parallelism=2", "--dry-run"], tmp_path)
     assert result.returncode == 0, result.stderr
     assert "#SBATCH --ntasks-per-node=2" in result.stdout and "#SBATCH --time=7" in result.stdout
+    assert "#SBATCH --signal=USR2@90" in result.stdout  # submitit's lead, shorter only for limits under 6 min
     assert result.stdout.count("#SBATCH --array=0-2%1") == 2  # array_parallelism=2 for the sweep: one job each
     assert "--mpi=pmi2" in result.stdout
 
@@ -686,10 +687,11 @@ def test_two_sweeps_given_one_folder_write_two(tmp_path, mlflow_uri):
         ("launcher.timeout_min=0", "launcher.timeout_min=0: a point needs at least 1 minute"),
         ("sweep.poll_s=-1", "sweep.poll_s=-1.0: the watch polls every poll_s seconds"),
         ("launcher.max_restarts=-1", "launcher.max_restarts=-1: 0 or more"),
+        ("launcher=slurm launcher.timeout_min=1", "launcher.timeout_min=1: on Slurm a point needs at least 2 minutes"),
     ],
 )
 def test_bad_sweep_keys_stop_before_anything_is_recorded(override, message, tmp_path, mlflow_uri):
-    result = sweep(["hidden=8", *FAST, override], tmp_path, timeout=60)
+    result = sweep(["hidden=8", *FAST, *override.split()], tmp_path, timeout=60)
     assert result.returncode == 2 and f"Error: {message}" in result.stderr, result.stdout + result.stderr
     assert runs(mlflow_uri) == []  # no parent, no child: nothing half-written
 

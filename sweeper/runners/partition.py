@@ -179,17 +179,25 @@ def accounting(job_ids: list[str]) -> dict[str, str]:
 
 def cancel_pending(job_name: str) -> list[str]:
     """Cancel this user's jobs still pending under the sweep's job name (``<name>:nproc=N``, set by
-    sbatch.py): a dead sweeper's, whose points the sweep that closed it runs. Their ids."""
-    cmd = ["squeue", "-h", "--me", "-t", "PENDING", "-o", "%A|%j"]
+    sbatch.py): a dead sweeper's, whose points the sweep that closed it runs. The ids Slurm no
+    longer lists as pending: array tasks by their array ids (``196_2``, ``196_[3-5]``), which
+    scancel takes (a pending task's own job id, ``%A``, it may not)."""
+    ids = sorted({job for job, name in _pending() if name.split(":", 1)[0] == job_name})
+    if not ids:
+        return []
+    subprocess.run(["scancel", *ids], capture_output=True, timeout=30, check=False)
+    left = {job for job, _name in _pending()}
+    return [job for job in ids if job not in left]
+
+
+def _pending() -> list[tuple[str, str]]:
+    """(job or array id, job name) of this user's pending jobs; none where squeue does not answer."""
+    cmd = ["squeue", "-h", "--me", "-t", "PENDING", "-o", "%i|%j"]
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.TimeoutExpired):
         return []
-    rows = [line.split("|", 1) for line in out.splitlines() if "|" in line]
-    ids = sorted({job for job, name in rows if name.split(":", 1)[0] == job_name})
-    if ids:
-        subprocess.run(["scancel", *ids], capture_output=True, timeout=30, check=False)
-    return ids
+    return [(job, name) for job, name in (line.split("|", 1) for line in out.splitlines() if "|" in line)]
 
 
 def _unknown(kind: str, name: str) -> bool:

@@ -16,11 +16,19 @@ if TYPE_CHECKING:
 
 # What submitit runs in each task (its pickled function, our run_point).
 SUBMIT_COMMAND = "python -u -m submitit.core._submit"
-# submitit's own #SBATCH settings: USR2 90 s before the time limit, logs appended, its wckey.
-SUBMITIT_FIXED = {"signal": "USR2@90", "open-mode": "append", "wckey": "submitit"}
+# submitit's own #SBATCH settings: logs appended, its wckey (and --signal, from signal_delay_s).
+SUBMITIT_FIXED = {"open-mode": "append", "wckey": "submitit"}
+# The requeue signal's lead before the time limit: submitit's 90 s, a quarter of shorter limits (at
+# 90 s a 2-minute job was signalled 30 s in, before its worker had a handler: the task died, no requeue).
+SIGNAL_LEAD_S, SIGNAL_LEAD_SHARE = 90, 4
 
 # Parameters that are not #SBATCH options.
-NOT_SBATCH = ("array_parallelism", "srun_args", "setup", "additional_parameters", "use_srun")
+NOT_SBATCH = ("array_parallelism", "srun_args", "setup", "additional_parameters", "use_srun", "signal_delay_s")
+
+
+def signal_lead_s(time_min: int) -> int:
+    """Seconds before a job's time limit that Slurm sends USR2 (the trainer checkpoints, the job requeues)."""
+    return min(SIGNAL_LEAD_S, time_min * 60 // SIGNAL_LEAD_SHARE)
 
 
 def share(total: int, sizes: list[int]) -> list[int]:
@@ -52,6 +60,7 @@ def slurm_parameters(
         "ntasks_per_node": shape.tasks_per_node,
         "cpus_per_task": launcher.cpus_per_task,
         "time": launcher.timeout_min * n_points,
+        "signal_delay_s": signal_lead_s(launcher.timeout_min * n_points),
         "array_parallelism": at_once or launcher.array_parallelism,
         "srun_args": [*(srun_own(bootstrap.mode) if bootstrap and bootstrap.srun else []), *launcher.srun_args],
         "setup": [guarded(line) for line in launcher.setup],
@@ -90,7 +99,7 @@ def sbatch_preview(params: dict[str, Any], folder: Path, n_points: int) -> str:
     """The #SBATCH lines, setup lines and srun line of one job array of ``n_points`` jobs, as
     submitit writes them for these parameters (``folder`` holds ``%j``, as the executor's does)."""
     flags = {k: v for k, v in params.items() if k not in NOT_SBATCH and v is not None}
-    flags.update(SUBMITIT_FIXED)
+    flags.update(SUBMITIT_FIXED, signal=f"USR2@{params['signal_delay_s']}")
     flags["array"] = f"0-{n_points - 1}%{min(n_points, params['array_parallelism'])}"
     # Array tasks log to <array id>_<task index>; task 0 speaks for the #SBATCH lines.
     logs = str(Path(folder).expanduser().absolute()).replace("%j", "%A_%a")
