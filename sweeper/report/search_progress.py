@@ -69,7 +69,7 @@ def figure(points: Sequence[Point], search: dict[str, Any], out: Path) -> Path |
         xs = [p.get(key) for _n, _v, p in rows]
         for x, (n, v, p) in zip(xs, rows):
             a.plot([x], [v], "x" if n in missed else "o", color=colours[fmt(p.nproc)])
-        if use_log(key, xs):
+        if key in search.get("log", ()) or use_log(key, xs):  # sampled on a log scale, or spread over decades
             a.set_xscale("log")
             a.xaxis.set_minor_formatter(ticker.NullFormatter())  # decades labelled; minor labels overlap
         a.set(xlabel=key, ylabel=objective, title=f"{objective} against {key}")

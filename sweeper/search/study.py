@@ -34,6 +34,10 @@ from trainer.ranks.processes import alive, owner
 INTERRUPTED = "interrupted"  # the study's user attribute: trials whose sweep ended first (asked again on resume)
 SWEEPER = "sweeper"  # a trial's user attribute: "host pid" of the sweeper running it
 
+# fANOVA apportions the objective's variance over the keys: with fewer trials it ranked noise (#49:
+# nproc "mattered" after 5 trials). Below this the report says nothing of importance.
+IMPORTANCE_TRIALS = 10
+
 
 class Search:
     """The study, and the trials of this sweep: point index == trial number."""
@@ -235,12 +239,12 @@ class Search:
 
     def importances(self) -> dict[str, float]:
         """Each searched key's share of the objective's variance (Optuna's fANOVA, seeded), where
-        the study has two completed trials and more than one key; else empty."""
+        the study has IMPORTANCE_TRIALS completed trials and more than one key; else empty."""
         import optuna
         from optuna.trial import TrialState
 
         complete = self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-        if len(self.space) < 2 or len(complete) < 2:
+        if len(self.space) < 2 or len(complete) < IMPORTANCE_TRIALS:
             return {}
         try:
             evaluator = optuna.importance.FanovaImportanceEvaluator(seed=0)
@@ -258,6 +262,7 @@ class Search:
             "objective": self.opts.objective,
             "direction": self.opts.direction,
             "searched": list(self.space),
+            "log": [k for k, d in self.space.items() if getattr(d, "log", False)],  # sampled on a log scale
             "importance": importance,
             "target": self.opts.target,
         }
