@@ -105,6 +105,9 @@ class ReportOptions:
     # The time-to-accuracy figure's test precision; null: the highest (in hundredths) that 3 of 4
     # finished points reach.
     target: float | None = None
+    # false: the report's tables, findings and summary without figures, and no drawing processes
+    # (a quick look, or hundreds of points); `python -m sweeper.report` draws them later.
+    figures: bool = True
 
 
 @dataclass

@@ -105,6 +105,8 @@ class Sweep:
         """The workers started (a grid's points too, where they may go ahead of the store), the
         store opened, the first points asked for, the parent recorded and the points resumed."""
         runner, uri = self.runner, self.uri
+        if not self.base.report.figures:
+            drawing.turn_off("report.figures=false: python -m sweeper.report FOLDER draws it")
         with phase("workers' start"):
             os.environ[store.AHEAD] = uri  # the workers open it while they wait for their points
             os.environ[journal.HANDOFF_ENV] = "" if runner.checkpoints else "1"  # or hand their runs to this sweeper

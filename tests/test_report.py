@@ -43,7 +43,7 @@ def study_sweep(tmp_path_factory: pytest.TempPathFactory):
     mp.setenv("MLFLOW_TRACKING_URI", uri)
     mp.setenv("SWEEPSCALE_CACHE", str(tmp / "cache"))
     mp.setenv("SWEEPSCALE_TIMING_DIR", str(tmp / "timing"))  # this sweep's runs only (conftest.timing_folder)
-    result = sweep(["nproc=1,2", "batch_size=40,80", "lr=0.1,0.5", *TINY, "sweep.retime=false"], tmp)
+    result = sweep(["nproc=1,2", "batch_size=40,80", "lr=0.1,0.5", *TINY, "sweep.retime=false"], tmp, figures=True)
     yield tmp, uri, result
     mp.undo()
 
@@ -179,9 +179,9 @@ def test_the_printed_mlflow_lines_open_the_sweeps_runs_in_a_real_browser(study_s
 
 
 def test_rebuild_after_a_resumed_sweep_gives_the_same_report(tmp_path, mlflow_uri):
-    first = sweep(["lr=0.1,0.5", "batch_size=50", *TINY], tmp_path)
+    first = sweep(["lr=0.1,0.5", "batch_size=50", *TINY], tmp_path, figures=True)
     assert first.returncode == 0, first.stdout + first.stderr
-    resumed = sweep(["lr=0.1,0.5,1.0", "batch_size=50", *TINY], tmp_path)
+    resumed = sweep(["lr=0.1,0.5,1.0", "batch_size=50", *TINY], tmp_path, figures=True)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert resumed.stdout.count("skip lr=") == 2
     newest = max(parents(mlflow_uri), key=lambda r: r.info.start_time)
@@ -259,3 +259,17 @@ def test_a_report_reads_a_long_runs_history_sampled(tmp_path):
     assert max(b - a for a, b in itertools.pairwise(steps)) <= 2 * n / SAMPLED  # spread over the whole run
     assert point.precision == [(100, 0.9)] and point.diverged is None
     print(f"10^6 loss steps read sampled in {took:.2f} s")  # docs/benchmarks.md: the same, timed
+
+
+def test_a_report_without_figures_keeps_its_tables_and_findings(tmp_path, mlflow_uri):
+    """report.figures=false (what most of the suite's sweeps run with): no drawing, each figure's
+    place says why, the points' table, summary and findings as ever."""
+    result = sweep(["lr=0.1,0.5", "batch_size=50", *TINY], tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    (folder,) = tmp_path.glob("multirun/*/*/report")
+    assert not list(folder.glob("*.png"))
+    html = (folder / "report.html").read_text()
+    assert "report.figures=false: python -m sweeper.report FOLDER draws it" in html
+    assert "Training loss of every point" in html  # the figure's caption, with its reason
+    assert len((folder / "points.csv").read_text().splitlines()) == 3
+    assert "- Best: lr=" in result.stdout

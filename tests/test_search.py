@@ -58,7 +58,7 @@ def test_space_from_hydra_grammar():
 
 def test_a_search_tells_its_trials_and_resumes(tmp_path, mlflow_uri):
     args = [*SPACE, *TINY, "epochs=2"]
-    first = sweep([*args, "hydra.sweeper.n_trials=4"], tmp_path)
+    first = sweep([*args, "hydra.sweeper.n_trials=4"], tmp_path, figures=True)
     assert first.returncode == 0, first.stdout + first.stderr
     s = study(tmp_path)
     assert states(s) == ["COMPLETE"] * 4
@@ -98,7 +98,7 @@ def test_a_search_tells_its_trials_and_resumes(tmp_path, mlflow_uri):
 def test_time_to_target_as_the_objective(tmp_path, mlflow_uri):
     # Minimized by default; each trial told its training seconds to the target, by hand from its run.
     args = [*SPACE, *TINY, "epochs=5", "hydra.sweeper.n_trials=3", "hydra.sweeper.objective=time_to_target"]
-    result = sweep([*args, "report.target=0.5"], tmp_path)
+    result = sweep([*args, "report.target=0.5"], tmp_path, figures=True)
     assert result.returncode == 0, result.stdout + result.stderr
     s = study(tmp_path)
     assert s.direction.name == "MINIMIZE" and states(s) == ["COMPLETE"] * 3

@@ -24,11 +24,14 @@ pytestmark = pytest.mark.mpi
 FAST = ["epochs=2", "batch_size=50", "data.n_train=200", "data.n_test=50", *NO_TIMING_FLOOR]
 
 
-def sweep(args: list[str], cwd: Path, timeout: float = 240, env: dict | None = None) -> subprocess.CompletedProcess:
+def sweep(
+    args: list[str], cwd: Path, timeout: float = 240, env: dict | None = None, figures: bool = False
+) -> subprocess.CompletedProcess:
     """The sweep's command in ``cwd``. One still running after ``timeout`` is stopped as a user's
     Ctrl-C would (its jobs cancelled) and the test fails with what it printed, its points' logs and
-    the cluster's queue: a hang in CI then says where."""
-    cmd = [sys.executable, "-m", "sweeper", "-m", *args]
+    the cluster's queue: a hang in CI then says where. Its report without figures unless ``figures``:
+    drawing them (matplotlib in a child) was 2.3 s of CPU a sweep, most of the suite's sweeps reading none."""
+    cmd = [sys.executable, "-m", "sweeper", "-m", *args, *([] if figures else ["report.figures=false"])]
     pipe = subprocess.PIPE
     proc = subprocess.Popen(cmd, cwd=cwd, stdout=pipe, stderr=pipe, text=True, env=env or os.environ)
     try:

@@ -45,7 +45,7 @@ def in_postgres(sql: str) -> list[list[str]]:
 def test_a_sweep_and_its_report_land_in_postgresql(tmp_path):
     experiment = f"pg-{uuid.uuid4().hex[:8]}"
     args = ["hidden=8,16", *FAST, f"mlflow.tracking_uri={SERVER}", f"mlflow.experiment={experiment}"]
-    result = sweep(args, tmp_path)
+    result = sweep(args, tmp_path, figures=True)
     assert result.returncode == 0, result.stdout + result.stderr
     rows = in_postgres(
         "select r.name, r.status from runs r join experiments e on r.experiment_id = e.experiment_id "

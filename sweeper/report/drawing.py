@@ -29,6 +29,14 @@ _drawing: set[Future[Any]] = set()  # the figures the children draw now
 _made: list[tuple[Callable[..., Any], tuple, Future[Any]]] | None = None  # after remember(): function, arguments, made
 _here: threading.Thread | None = None  # the sweeper's own import of the report's modules, begun with the runs
 _here_lock = threading.Lock()  # a figure drawn in this process, one at a time
+_off = ""  # why no figure is drawn (report.figures=false), else ""
+
+
+def turn_off(why: str) -> None:
+    """From now on no figure is drawn and no child started: each figure's future says ``why``,
+    which the report shows in its place (report.figures=false: tables and findings only)."""
+    global _off
+    _off = why
 
 
 def warm_up(workers: int | None = None, early: bool = False) -> None:
@@ -38,7 +46,7 @@ def warm_up(workers: int | None = None, early: bool = False) -> None:
     MLflow's import, which the sweep's first points wait for, needs."""
     global _pool, _workers
     n = workers or min(4, (os.cpu_count() or 1) // 2)
-    if _pool is not None or n < 1 or (early and not _spare_cores()):
+    if _off or _pool is not None or n < 1 or (early and not _spare_cores()):
         return
     _workers = n
     _pool = ProcessPoolExecutor(n, multiprocessing.get_context("spawn"), initializer=_imports)
@@ -52,7 +60,7 @@ def warm_up_here() -> None:
     here imports (while every child draws one, or without children). Only from ``EARLY_CORES``: on
     fewer, the cores are the workers' while the points run."""
     global _here
-    if _here is None and _spare_cores():
+    if _here is None and _spare_cores() and not _off:
         _here = threading.Thread(target=_imports_here, name="report-imports", daemon=True)
         _here.start()
 
@@ -123,6 +131,10 @@ def draw(fn: Callable[..., Any], *args: Any) -> Future[Any]:
     without children); its result as a future either way. After
     :func:`remember`, a figure drawn before with equal arguments (its file among them) and still on
     disk is not drawn again."""
+    if _off:
+        left_out: Future[Any] = Future()
+        left_out.set_result(_off)  # a figure's reason for being left out, as a figure with nothing to show gives
+        return left_out
     if _made is None:
         return _draw(fn, *args)
     for made_fn, made_args, made in _made:

@@ -91,6 +91,7 @@ def build(study: Study, folder: Path, target: float | None = None, checks: bool 
     if fams:
         drawn["Phases per nproc"] = draw(scaling.phases_figure, fams, folder / "phases.png")
     studies = families.batch_studies(configs, order)
+    regimes = scaling.batch_regimes(drawable, studies)  # the summary's, with or without the figure
     if studies:
         drawn["Batch size: regimes of data parallelism"] = draw(
             scaling.regimes_figure, drawable, studies, folder / "regimes.png"
@@ -108,12 +109,9 @@ def build(study: Study, folder: Path, target: float | None = None, checks: bool 
             drawn["Search: objective by trial"] = draw(search_progress.figure, points, s, folder / "search.png")
             break
     drawn["Roofline"] = draw(roofline_figure, drawable, folder / "roofline.png")
-    regimes: dict[str, list] = {}
     for caption, future in drawn.items():
         made = future.result()
-        if caption.startswith("Batch size"):
-            made, regimes = made
-        elif caption == "Roofline" and isinstance(made, tuple):
+        if isinstance(made, tuple):  # the regimes' and the roofline's: the figure and what it found
             made = made[0]
         if isinstance(made, str):  # nothing worth a figure: the reason, in a line
             report.left_out[caption] = made

@@ -99,11 +99,15 @@ def phases_figure(fams: list[tuple[Family, list[Scaling]]], out: Path) -> Path:
     return save(fig, out)
 
 
-def regimes_figure(points: list[Point], studies: list[Family], out: Path) -> tuple[Path, dict[str, list]]:
-    """Steps to a common target loss against batch size (log-log), the regimes labelled."""
-    fig, ax = grid(1, 2, width=5.5, height=3.8)
-    colours = palette([s.label for s in studies])
-    found: dict[str, list] = {}
+def batch_regimes(points: list[Point], studies: list[Family]) -> dict[str, list]:
+    """Each batch study's regimes (perfect scaling, diminishing returns, maximal) from its steps to
+    a common target loss; a study with fewer than three batch sizes that reach it has none."""
+    return {label: segs for label, (_t, _pairs, segs) in _steps_to_target(points, studies).items()}
+
+
+def _steps_to_target(points: list[Point], studies: list[Family]) -> dict[str, tuple[float, list, list]]:
+    """Per batch study: its common target loss, (batch size, steps, point) to reach it, its regimes."""
+    found: dict[str, tuple[float, list, list]] = {}
     for study in studies:
         members = [points[i] for i in study.members]
         target = analysis.common_target([p.loss for p in members if not p.diverged])
@@ -111,16 +115,28 @@ def regimes_figure(points: list[Point], studies: list[Family], out: Path) -> tup
             continue
         pairs = [(p.get("batch_size"), analysis.steps_to_target(p.loss, target), p) for p in members]
         pairs = [(b, s, p) for b, s, p in pairs if s]
-        if len(pairs) < 3:
-            continue
+        if len(pairs) >= 3:
+            found[study.label] = (
+                target,
+                pairs,
+                analysis.regimes([b for b, _s, _p in pairs], [s for _b, s, _p in pairs]),
+            )
+    return found
+
+
+def regimes_figure(points: list[Point], studies: list[Family], out: Path) -> tuple[Path, dict[str, list]]:
+    """Steps to a common target loss against batch size (log-log), the regimes labelled."""
+    fig, ax = grid(1, 2, width=5.5, height=3.8)
+    colours = palette([s.label for s in studies])
+    found: dict[str, list] = {}
+    for label, (target, pairs, segs) in _steps_to_target(points, studies).items():
         b, s, ps = zip(*pairs)
-        c = colours[study.label]
-        ax[0][0].plot(b, s, marker="o", color=c, label=f"{study.label} (loss <= {target:.3g})")
+        c = colours[label]
+        ax[0][0].plot(b, s, marker="o", color=c, label=f"{label} (loss <= {target:.3g})")
         ax[0][0].plot(b, [s[0] * b[0] / x for x in b], ls=":", color=c, lw=1)
         seconds = [_seconds_to(p, n) for p, n in zip(ps, s)]
-        ax[0][1].plot(b, seconds, marker="o", color=c, label=study.label)
-        segs = analysis.regimes(list(b), list(s))
-        found[study.label] = segs
+        ax[0][1].plot(b, seconds, marker="o", color=c, label=label)
+        found[label] = segs
     shaded: set[str] = set()
     for seg in next(iter(found.values()), []):  # steps do not depend on nproc: one study's regimes shade
         label = None if seg.name in shaded else seg.name
