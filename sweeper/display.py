@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
 import time
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ console = Console(highlight=False, width=None if _TTY or "COLUMNS" in os.environ
 WIDE = 120  # below this many columns the closing table drops its run ids and its vertical rules
 STATES = ("queued", "running", "done", "failed", "skipped", "cancelled")
 NAMED = 3  # running points the progress line names
+EPOCH = re.compile(r" \(epoch \d+/\d+\)")  # a named point's epoch (sweeper/track/watch.py with_epoch)
 
 
 class Progress:
@@ -42,22 +44,25 @@ class Progress:
         if self.live:
             self.live.stop()
 
-    def update(self, counts: dict[str, int], pending: dict[str, int] | None = None, running: list[str] = ()) -> None:
+    def update(
+        self, counts: dict[str, int], pending: dict[str, int] | None = None, running: list[str] = (), n_running: int = 0
+    ) -> None:
         """``pending``: the scheduler's jobs not started yet, by its reason; ``running``: the names of
-        the points running now (the first few are named)."""
+        the points running now (the first NAMED are named), of ``n_running`` (0: as many as named)."""
         text = "  ".join(f"{s} {counts.get(s, 0)}" for s in STATES if counts.get(s)) + f"  of {self.total}"
         if pending:
             text += "  (jobs pending: " + ", ".join(f"{n} {reason}" for reason, n in sorted(pending.items())) + ")"
         if running:
-            more = f" +{len(running) - NAMED}" if len(running) > NAMED else ""
+            n_running = max(n_running, len(running))
+            more = f" +{n_running - NAMED}" if n_running > NAMED else ""
             text += "  now: " + ", ".join(running[:NAMED]) + more
         elapsed = time.monotonic() - self.t0
         eta = self.eta(counts, elapsed)
         if self.live:
             self.live.update(f"[bold]{self.label}[/bold] {escape(text)}  [dim]{elapsed:.0f} s{eta}[/dim]")
-        elif text != self.last:  # a line when the counts or the points change, not at every second
+        elif (key := EPOCH.sub("", text)) != self.last:  # a line when the counts or the points change, not each epoch
             console.print(escape(f"[{self.label} {elapsed:6.1f} s{eta}] {text}"))  # brackets, not markup
-        self.last = text
+            self.last = key
 
     def eta(self, counts: dict[str, int], elapsed: float) -> str:
         """The time left at the pace so far (points ended a second), once one has ended."""

@@ -76,6 +76,8 @@ p = display.Progress(6)
 p.update({"running": 4, "queued": 2}, running=["hidden=16", "hidden=24", "hidden=32", "hidden=40"])
 time.sleep(0.2)
 p.update({"running": 2, "done": 2, "queued": 2}, running=["hidden=48", "hidden=56"])
+p.update({"running": 2, "done": 2, "queued": 2}, running=["hidden=48 (epoch 3/50)", "hidden=56"])
+p.update({"running": 5, "done": 1}, running=["hidden=48 (epoch 4/50)", "hidden=56", "hidden=64"], n_running=5)
 """
 
 
@@ -86,3 +88,5 @@ def test_the_progress_line_names_the_points_running_and_the_time_left():
     assert re.search(
         r"\[sweep +0\.\d s, about 0 s left\] queued 2  running 2  done 2  of 6  now: hidden=48, hidden=56$", out[1]
     ), out
+    # Off a terminal a point's next epoch prints no line of its own; the epoch rides on the next one.
+    assert len(out) == 3 and out[2].endswith("now: hidden=48 (epoch 4/50), hidden=56, hidden=64 +2"), out

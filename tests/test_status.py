@@ -42,6 +42,8 @@ def test_status_shows_a_running_sweeps_points_from_another_terminal(idx_dir, mlf
     finally:
         out, _ = proc.communicate(timeout=240)
     assert proc.returncode == 0, out
+    # The progress line's epoch, from the tail of each point's journal.
+    assert {sweep_file.epoch_done(d) for d in folder.iterdir() if (d / "point.json").exists()} == {EPOCHS}
     # #49: from another terminal, from the sweep's own files: MLflow is never imported.
     said = "import sys; from sweeper.status import main; rc = main(['latest']); print('mlflow' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", said], cwd=tmp_path, capture_output=True, text=True, timeout=120)

@@ -16,6 +16,7 @@ from trainer import metrics
 from trainer.record import journal
 
 FILE = "sweep.json"
+TAIL_BYTES = 16384  # a journal's end that holds its last epoch's line (an epoch's metrics: a line of ~1 KB)
 SWEEPS_GLOB = "multirun/*/*/" + FILE  # Hydra's default sweep folders (hydra.sweep.dir), from the working directory
 
 
@@ -79,6 +80,23 @@ def runs(folder: Path) -> dict[str, dict[str, Any]]:
                 run["status"] = entry["status"]
         found[lines[0]["name"]] = run
     return found
+
+
+def epoch_done(folder: Path) -> int | None:
+    """The last epoch a point's journal has recorded, read from its tail (the progress line asks at
+    every poll: a journal of 10^6 steps is not read whole); None where it has none yet."""
+    for name in (journal.FILE, journal.DONE):
+        try:
+            with open(folder / name, "rb") as f:
+                f.seek(max(0, f.seek(0, os.SEEK_END) - TAIL_BYTES))
+                tail = f.read().decode(errors="replace")
+        except OSError:
+            continue
+        for line in reversed(tail.splitlines()[1:] or tail.splitlines()):  # the first may be cut
+            if metrics.EPOCH_TIME in line and line.endswith("}"):
+                entry = json.loads(line)
+                return max(step for key, _v, _ms, step in entry.get("metrics", []) if key == metrics.EPOCH_TIME)
+    return None
 
 
 def _lines(path: Path) -> list[dict[str, Any]]:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from sweeper import display
 from sweeper.plan.point_files import link_logs
 from sweeper.points import Point
+from sweeper.track import sweep_file
 
 if TYPE_CHECKING:
     from sweeper.runners.base import Job, Runner
@@ -31,6 +32,12 @@ class Flight:
     interrupted: bool = False
     earlier: set[int] = field(default_factory=set)  # points an earlier sweep's job trains: not the runner's
     started: dict[int, Point] = field(default_factory=dict)  # every point started, by index (also those ended)
+
+
+def with_epoch(point: Point) -> str:
+    """A running point's name, with its epoch where its journal says it (local warm workers, a server)."""
+    done = sweep_file.epoch_done(point.dir)
+    return point.name if done is None else f"{point.name} (epoch {done}/{point.trainer.epochs})"
 
 
 def watch(
@@ -73,7 +80,8 @@ def watch(
                     "failed": failed,
                     "skipped": skipped,
                 }
-                progress.update(counts, pending, [p.name for p, _job in flight.running.values()][waiting:])
+                running = [p for p, _job in flight.running.values()][waiting:]
+                progress.update(counts, pending, [with_epoch(p) for p in running[: display.NAMED]], len(running))
                 if not (flight.queued or flight.running):
                     with interrupts_held():
                         new = [] if more is None else more(flight)
