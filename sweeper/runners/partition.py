@@ -158,19 +158,19 @@ def check_request(launcher: DictConfig) -> None:
 
 
 def accounting(job_ids: list[str]) -> dict[str, str]:
-    """sacct's state and elapsed time of each job (TIMEOUT, PREEMPTED, OUT_OF_MEMORY, NODE_FAIL, ...)."""
+    """sacct's state, elapsed time and nodes of each job (TIMEOUT, PREEMPTED, OUT_OF_MEMORY, NODE_FAIL, ...)."""
     if not job_ids:
         return {}
     wanted = sorted(set(job_ids))
-    cmd = ["sacct", "-n", "-P", "-X", "-o", "JobID,State,Elapsed", "-j", ",".join(wanted)]
+    cmd = ["sacct", "-n", "-P", "-X", "-o", "JobID,State,Elapsed,NodeList", "-j", ",".join(wanted)]
     deadline = time.monotonic() + ACCOUNTING_LAG_S
     while True:
         try:
             result = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
         except (OSError, subprocess.TimeoutExpired):
             return {}
-        rows = [line.split("|") for line in result.stdout.splitlines() if line.count("|") == 2]
-        said = {job: f"{state.split()[0]} {elapsed}" for job, state, elapsed in rows}
+        rows = [line.split("|") for line in result.stdout.splitlines() if line.count("|") == 3]
+        said = {job: f"{state.split()[0]} {elapsed} {nodes}".strip() for job, state, elapsed, nodes in rows}
         # slurmdbd records a job a moment after slurmctld ends it; no accounting at all fails at once
         if result.returncode != 0 or set(wanted) <= said.keys() or time.monotonic() > deadline:
             return said

@@ -161,8 +161,8 @@ def end_parent(record: SweepRecord, status: str, sweep_dir: Path, away: Exceptio
 
 def add_jobs(runner: Runner, outcomes: list[display.Outcome]) -> None:
     """Each run's scheduler job (the tags its trainer set: an array task as sacct names it, 30_0, else
-    the job id) and what the scheduler says of it; a warm worker's job serves other points after
-    this one, so its state says nothing of this point's and is not shown."""
+    the job id) and what the scheduler says of it: its state, time and nodes; a warm worker's job
+    serves other points too, so its state is its allocation's (a NODE_FAIL, a TIMEOUT), said so."""
     ids = {}
     for o in outcomes:
         if o.run is not None:
@@ -172,7 +172,7 @@ def add_jobs(runner: Runner, outcomes: list[display.Outcome]) -> None:
     for o in outcomes:
         if ids.get(o.name):
             warm = o.run.data.tags.get(metrics.TAG_WARM) == "true"
-            o.job = f"{ids[o.name]} {'(warm worker)' if warm else accounts.get(ids[o.name], '')}".strip()
+            o.job = f"{ids[o.name]} {accounts.get(ids[o.name], '')}{' (warm worker)' if warm else ''}".strip()
 
 
 def stopped_early(points: list[Point], ahead_of_store: Flight | None) -> list[display.Outcome]:
