@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -48,7 +49,8 @@ def golden_preview() -> tuple[str, dict]:
     scripts = runner.preview(groups)
     assert scripts.pop("how the ranks start") == "launcher.pmi=pmix as configured"
     (text,) = scripts.values()
-    return text, runner.parameters(shape, 2)
+    assert f"{shlex.quote(sys.executable)} -u -m submitit.core._submit" in text  # this Python, as submitted
+    return text.replace(shlex.quote(sys.executable), "python"), runner.parameters(shape, 2)
 
 
 def test_sbatch_preview_matches_golden_file():

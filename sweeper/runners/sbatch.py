@@ -5,6 +5,7 @@ tests/data/sbatch_preview.txt is its golden file."""
 from __future__ import annotations
 
 import shlex
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -14,8 +15,9 @@ if TYPE_CHECKING:
     from sweeper.points import Shape
     from sweeper.runners.bootstrap import Bootstrap
 
-# What submitit runs in each task (its pickled function, our run_point).
-SUBMIT_COMMAND = "python -u -m submitit.core._submit"
+# What submitit runs in each task (its pickled function, our run_point), with this Python, as its
+# SlurmExecutor writes it: the preview shows the very line submitted.
+SUBMIT_COMMAND = f"{shlex.quote(sys.executable)} -u -m submitit.core._submit"
 # submitit's own #SBATCH settings: logs appended, its wckey (and --signal, from signal_delay_s).
 SUBMITIT_FIXED = {"open-mode": "append", "wckey": "submitit"}
 # The requeue signal's lead before the time limit: submitit's 90 s, a quarter of shorter limits (at
