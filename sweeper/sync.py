@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 from sweeper import display
+from sweeper.report import resources
 from sweeper.track.records import PARENT_JOURNAL
 from trainer.record import journal
 from trainer.record.store import client
@@ -51,11 +54,28 @@ def write_report(sweep_dir: Path, uri: str, parent_id: str) -> None:
 
     try:
         c = client(uri)
+        log_totals(c, parent_id)
         report = report_for(c, [c.get_run(parent_id)], sweep_dir / "report")
     except Exception as e:  # the runs are in the store: the report can be built again later
         display.console.print(f"[red]report not written[/red] ({type(e).__name__}: {e}); python -m sweeper.report")
         return
     display.console.print(f"report of {len(report.rows)} point(s): {sweep_dir / 'report' / 'report.html'}")
+
+
+def log_totals(c: Any, parent_id: str) -> None:
+    """What the sweep's runs held (its GPU- or core-seconds, by nproc) on its parent, as the sweep's
+    end logs them where the server answers (collect.py): from its children, now in the store."""
+    from mlflow.entities import Metric
+
+    parent = c.get_run(parent_id)
+    kids = c.search_runs(
+        [parent.info.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent_id}'", max_results=50000
+    )
+    held = resources.held((int(r.data.params.get("nproc", 1)), r.data.metrics) for r in kids)
+    totals = resources.parent_metrics(held)
+    now = int(time.time() * 1000)
+    if totals:
+        c.log_batch(parent_id, metrics=[Metric(k, v, now, 0) for k, v in totals.items()])
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -141,6 +141,9 @@ def test_a_server_gone_at_a_sweeps_end_costs_a_bounded_wait_and_sync_delivers_ev
                 steps = [m.step for m in c.get_metric_history(r.info.run_id, metrics.TRAIN_LOSS_EPOCH)]
                 assert sorted(steps) == list(range(1, 301)), r.info.run_name
         assert not list(sweep_dir.rglob(journal.FILE))  # all sent
+        (parent,) = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+        held = parent.data.metrics  # #47: the sweep's totals, which its end could not log, logged by sync
+        assert held[metrics.device_seconds("cpu")] > 0 and f"{metrics.device_seconds('cpu')}_nproc1" in held, held
         assert "report of 2 point(s)" in sync.stdout, sync.stdout
         points = (sweep_dir / "report" / "points.csv").read_text()
         assert "hidden=8" in points and "hidden=16" in points and "FINISHED" in points
