@@ -11,6 +11,7 @@ any other from the tracking store (MLFLOW_TRACKING_URI, else sqlite:///mlflow.db
 from __future__ import annotations
 
 import argparse
+import json
 import socket
 import statistics
 import sys
@@ -23,8 +24,10 @@ from rich.table import Table
 from sweeper.display import console
 from sweeper.report.__main__ import store_arguments
 from sweeper.report.study import planned_points, series
+from sweeper.runners import partition
 from sweeper.track import sweep_file
 from trainer import metrics
+from trainer.lifecycle.queue_files import POINT_DATA
 from trainer.ranks.processes import alive
 
 COLOURS = {"queued": "dim", "running": "yellow", "finished": "green", "reused": "cyan"}
@@ -71,6 +74,18 @@ def file_rows(folder: Path) -> tuple[str, list[tuple[str, str, str]]]:
     return f"sweep {state.get('sweep_id')}: {state.get('name')} ({status})", rows
 
 
+def slurm_jobs(folder: Path | None) -> dict[str, str]:
+    """Each started point's Slurm job (from the link to its log, ``<job>_0_log.out``) and what Slurm
+    says of it now: one squeue call, and sacct's for the jobs that ended."""
+    ids: dict[str, str] = {}
+    for point_dir in folder.iterdir() if folder is not None and folder.is_dir() else ():
+        link, config = point_dir / "stdout.log", point_dir / POINT_DATA
+        if link.is_symlink() and config.exists():
+            ids[json.loads(config.read_text())["mlflow"]["run_name"]] = link.resolve().name.split("_0_log")[0]
+    said = partition.job_states(list(ids.values()))
+    return {name: f"{job} {said.get(job, '')}".strip() for name, job in ids.items()}
+
+
 def mlflow_run(client: Any, run: Any) -> dict[str, Any]:
     """What point_state reads of an MLflow run (its epoch times sampled: epochs=100000 reads 2000)."""
     epoch_s = series(client, run.info.run_id, metrics.EPOCH_TIME) if run.info.status == "RUNNING" else []
@@ -106,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     folder = sweep_file.find(args.sweep, Path.cwd()) if own_store and not args.report else None
     if folder is not None:
         title, rows = file_rows(folder)
+        scheduler = (sweep_file.read(folder) or {}).get("scheduler", "")
     else:
         from sweeper.report.__main__ import find_parents, open_experiment
 
@@ -113,12 +129,15 @@ def main(argv: list[str] | None = None) -> int:
         (parent,) = find_parents(client, experiment_id, [args.sweep])
         rows = status_rows(client, parent)
         title = f"sweep {parent.data.tags.get(metrics.TAG_SWEEP_ID)}: {parent.info.run_name} ({parent.info.status})"
+        scheduler, where = parent.data.tags.get(metrics.TAG_SCHEDULER, ""), parent.data.tags.get(metrics.TAG_SWEEP_DIR)
+        folder = Path(where) if where else None
+    jobs = slurm_jobs(folder) if scheduler == "slurm" else {}  # job ids, states and pending reasons (#50)
     table = Table(title=title)
-    for col in ("point", "state", ""):
+    for col in ("point", "state", "", *(["Slurm job"] if jobs else [])):
         table.add_column(col, overflow="fold")
     for point, state, detail in rows:
         colour = COLOURS.get(state, "red")
-        table.add_row(point, f"[{colour}]{state}[/{colour}]", detail)
+        table.add_row(point, f"[{colour}]{state}[/{colour}]", detail, *([jobs.get(point, "")] if jobs else []))
     console.print(table)
     counts = Counter(state for _p, state, _d in rows)
     console.print("  ".join(f"{s} {n}" for s, n in counts.items()) + f"  of {len(rows)}")

@@ -137,7 +137,7 @@ class Sweep:
         name = records.parent_name(self.points, self.overrides)
         planned = records.points_json(self.points, {})
         sweep_file.keep(self.sweep_dir, sweep_id=self.sweep_id, name=name, status="RUNNING", points=planned,
-                        journals=journals, sweeper=owner())  # fmt: skip
+                        journals=journals, sweeper=owner(), scheduler=self.runner.scheduler)  # fmt: skip
 
     def watch(self) -> Flight:
         """Run the points, and those the source gives as they end, to the last; the points in all."""

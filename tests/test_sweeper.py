@@ -469,8 +469,22 @@ def test_cold_points_slurm_holds_count_as_queued(tmp_path, mlflow_uri):
     line counts them queued, beside Slurm's reason, not running (also before the scheduler has
     looked at them: their reason is then "None", and CI saw that as running)."""
     held = ["launcher.warm=false", "+launcher.sbatch_args={begin: 'now+12'}"]
-    result = sweep(["hidden=16,32", "nproc=1", *FAST, *SLURM, *held], tmp_path)
-    assert result.returncode == 0, result.stdout + result.stderr
+    cmd = [sys.executable, "-m", "sweeper", "-m", "hidden=16,32", "nproc=1", *FAST, *SLURM, *held]
+    proc = subprocess.Popen([*cmd, "report.figures=false"], cwd=tmp_path, stdout=subprocess.PIPE, text=True)
+    try:  # #50: sweeper.status names each point's job and Slurm's reason for holding it
+        shown, deadline = "", time.monotonic() + 60
+        while "PENDING (BeginTime)" not in shown and time.monotonic() < deadline and proc.poll() is None:
+            status = [sys.executable, "-m", "sweeper.status"]
+            shown = subprocess.run(status, cwd=tmp_path, capture_output=True, text=True, timeout=60).stdout
+            time.sleep(0.5)
+        assert "Slurm job" in shown and "PENDING (BeginTime)" in shown, shown
+        out, _ = proc.communicate(timeout=240)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, out
+    ended = subprocess.run([sys.executable, "-m", "sweeper.status"], cwd=tmp_path, capture_output=True, text=True)
+    assert ended.stdout.count(" COMPLETED ") == 2, ended.stdout  # sacct's word once squeue has let them go
+    result = subprocess.CompletedProcess(cmd, proc.returncode, out, "")
     progress = [line for line in result.stdout.splitlines() if line.startswith("[sweep ")]
     assert any("queued 2" in line and "jobs pending: 2 BeginTime" in line for line in progress), progress
     assert not any("running" in line and "jobs pending: 2" in line for line in progress), progress

@@ -157,13 +157,14 @@ def check_request(launcher: DictConfig) -> None:
         raise ConfigError(f"{keys}: Slurm refuses it ({said}); fix the key or leave it null")
 
 
-def accounting(job_ids: list[str]) -> dict[str, str]:
-    """sacct's state, elapsed time and nodes of each job (TIMEOUT, PREEMPTED, OUT_OF_MEMORY, NODE_FAIL, ...)."""
+def accounting(job_ids: list[str], lag_s: float = ACCOUNTING_LAG_S) -> dict[str, str]:
+    """sacct's state, elapsed time and nodes of each job (TIMEOUT, PREEMPTED, OUT_OF_MEMORY, NODE_FAIL, ...),
+    waiting up to ``lag_s`` for a job slurmdbd has not recorded yet."""
     if not job_ids:
         return {}
     wanted = sorted(set(job_ids))
     cmd = ["sacct", "-n", "-P", "-X", "-o", "JobID,State,Elapsed,NodeList", "-j", ",".join(wanted)]
-    deadline = time.monotonic() + ACCOUNTING_LAG_S
+    deadline = time.monotonic() + lag_s
     while True:
         try:
             result = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
@@ -175,6 +176,21 @@ def accounting(job_ids: list[str]) -> dict[str, str]:
         if result.returncode != 0 or set(wanted) <= said.keys() or time.monotonic() > deadline:
             return said
         time.sleep(0.5)
+
+
+def job_states(job_ids: list[str]) -> dict[str, str]:
+    """What Slurm says of each job now, in one squeue call: "PENDING (BeginTime)", "RUNNING node1";
+    a job squeue no longer lists, sacct's word (one call, no wait)."""
+    if not job_ids:
+        return {}
+    cmd = ["squeue", "-h", "-j", ",".join(sorted(set(job_ids))), "-o", "%i|%T|%R"]
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    rows = [line.split("|") for line in out.splitlines() if line.count("|") == 2]
+    said = {job: f"{state} ({why})" if state == "PENDING" else f"{state} {why}" for job, state, why in rows}
+    return said | accounting([j for j in job_ids if j not in said], lag_s=0)
 
 
 def cancel_pending(job_name: str) -> list[str]:
