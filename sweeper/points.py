@@ -11,6 +11,7 @@ if TYPE_CHECKING:
     from omegaconf import DictConfig
 
 POINTS_ARTIFACT = "points.json"  # the parent run's list of its points: the sweep writes it, the report reads it
+TIMED_ALONE = " (timed alone)"  # the end of the run name of a point timed again alone (sweeper/track/retime.py)
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ from typing import Any
 from rich.table import Table
 
 from sweeper.display import console
+from sweeper.points import TIMED_ALONE
 from sweeper.report.__main__ import store_arguments
 from sweeper.report.study import planned_points, series
 from sweeper.runners import partition
@@ -65,7 +66,9 @@ def file_rows(folder: Path) -> tuple[str, list[tuple[str, str, str]]]:
     if status == "RUNNING" and host == socket.gethostname() and pid.isdigit() and not alive(int(pid)):
         status = f"RUNNING, but its sweeper (pid {pid}) is gone: the next sweep here closes its runs"
     rows = []
-    for entry in state.get("points", []):
+    planned = state.get("points", [])
+    asked = {e["name"] for e in planned}  # a search's trials come as it asks them: those with a journal too
+    for entry in planned + [{"name": n} for n in runs if n not in asked and not n.endswith(TIMED_ALONE)]:
         run = runs.get(entry["name"])
         point, detail = point_state(run, bool(entry.get("reused_run")))
         if run is not None and run["status"] == "RUNNING" and status != "RUNNING":

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from sweeper.track.retime import SUFFIX
+from sweeper.points import TIMED_ALONE
 from tests.test_slurm_nodes import MULTI, multinode
 from tests.test_sweeper import FAST, SLURM, slurm, sweep
 from tests.test_warm import only_sweep
@@ -44,10 +44,10 @@ def test_mpiexec_inside_the_allocation_starts_the_ranks_without_srun(tmp_path, m
     result = sweep(["hidden=16", "nproc=1,2", "dtype=float64", *FAST, *SLURM, "launcher.pmi=mpiexec"], tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     runs = only_sweep(mlflow_uri)
-    points = {n: r.info.status for n, r in runs.items() if not n.endswith(SUFFIX)}
+    points = {n: r.info.status for n, r in runs.items() if not n.endswith(TIMED_ALONE)}
     assert points == {"nproc=1": "FINISHED", "nproc=2": "FINISHED"}
     # Timed again alone in a second round of allocations where their timings had company (a loaded node).
-    assert {r.info.status for n, r in runs.items() if n.endswith(SUFFIX)} <= {"FINISHED"}
+    assert {r.info.status for n, r in runs.items() if n.endswith(TIMED_ALONE)} <= {"FINISHED"}
     assert runs["nproc=2"].data.tags["sweepscale.world_size"] == "2"
     assert runs["nproc=2"].data.metrics[metrics.weight_error("max")] < 1e-9
     assert "launcher.pmi=mpiexec as configured" in parent_of(mlflow_uri).data.tags[metrics.TAG_RANKS_START]

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from sweeper.track.retime import SUFFIX
+from sweeper.points import TIMED_ALONE
 from tests.conftest import ROOT
 from tests.test_docker import postgres_answers
 from tests.test_slurm_requeue import start_now, wait_for
@@ -83,10 +83,10 @@ def test_a_sweep_of_one_and_two_node_shapes_spans_the_nodes(tmp_path, bridge_ser
     (parent,) = [r for r in found if "mlflow.parentRunId" not in r.data.tags]
     assert parent.info.status == "FINISHED"
     kids = {r.info.run_name: r for r in found if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id}
-    again = {n for n in kids if n.endswith(SUFFIX)}  # timed again alone where their timings had company
+    again = {n for n in kids if n.endswith(TIMED_ALONE)}  # timed again alone where their timings had company
     points = {n: r.info.status for n, r in kids.items() if n not in again}
     assert points == {"nproc=2": "FINISHED", "nproc=4": "FINISHED"}
-    assert {kids[n].info.status for n in again} <= {"FINISHED"} and again <= {f"nproc={n}{SUFFIX}" for n in (2, 4)}
+    assert {kids[n].info.status for n in again} <= {"FINISHED"} and again <= {f"nproc={n}{TIMED_ALONE}" for n in (2, 4)}
     wide, narrow = kids["nproc=4"].data, kids["nproc=2"].data
     assert wide.tags["sweepscale.hosts"] == "node1,node2" and wide.tags["sweepscale.world_size"] == "4"
     assert narrow.tags["sweepscale.hosts"] in ("node1", "node2") and narrow.tags["sweepscale.world_size"] == "2"

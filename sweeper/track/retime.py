@@ -25,7 +25,7 @@ from omegaconf import open_dict
 from sweeper import display
 from sweeper.plan.point_files import prepare
 from sweeper.plan.shapes import plan
-from sweeper.points import Point
+from sweeper.points import TIMED_ALONE, Point
 from sweeper.report.families import company, to_time_alone
 from sweeper.report.study import point_of
 from sweeper.track.watch import watch
@@ -35,8 +35,6 @@ from trainer.record import store
 if TYPE_CHECKING:
     from sweeper.runners.base import Runner
     from sweeper.track.records import SweepRecord
-
-SUFFIX = " (timed alone)"  # the run name of a point's retiming
 
 
 def chosen(record: SweepRecord, sweep_id: str, points: list[Point]) -> list[tuple[Point, Any]]:
@@ -59,7 +57,7 @@ def alone(point: Point, run_id: str, index: int) -> Point:
         t.save.weights = False
         t.mlflow.tags = {**t.mlflow.tags, metrics.TAG_TIMED_AGAIN_FOR: run_id}
     where = point.dir.with_name(f"{point.dir.name}.alone")
-    return Point(index, [*point.overrides, "epochs=1", "perf.timing=exclusive"], t, where, point.name + SUFFIX)
+    return Point(index, [*point.overrides, "epochs=1", "perf.timing=exclusive"], t, where, point.name + TIMED_ALONE)
 
 
 @dataclass
