@@ -142,10 +142,14 @@ def test_slurm_one_allocation_serves_a_chunk(tmp_path, mlflow_uri):
     logs = {Path(os.readlink(p)).parent.name for p in tmp_path.glob("multirun/*/*/*/stderr.log")}
     assert len(logs) == 2  # the points' logs lead to two array tasks
     array_id = next(iter(logs)).split("_")[0]
-    deadline = time.time() + 30  # slurmdbd records the ended jobs shortly after
-    while time.time() < deadline and len([s for s in sacct_steps(array_id) if "." not in s.split("|")[0]]) < 2:
+    # slurmdbd records the ended jobs shortly after; a sweep that draws no figure ends before their
+    # allocations have (their workers exit once idle): wait for both to be listed and ended.
+    allocations, deadline = [], time.time() + 60
+    while time.time() < deadline:
+        allocations = [s for s in sacct_steps(array_id) if "." not in s.split("|")[0]]
+        if len(allocations) == 2 and not any(s.endswith(("RUNNING", "COMPLETING")) for s in allocations):
+            break
         time.sleep(1)
-    allocations = [s for s in sacct_steps(array_id) if "." not in s.split("|")[0]]
     assert len(allocations) == 2 and all(s.endswith("COMPLETED") for s in allocations), allocations
 
 

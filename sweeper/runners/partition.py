@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 import subprocess
 import time
 from dataclasses import dataclass
@@ -193,6 +194,9 @@ def job_states(job_ids: list[str]) -> dict[str, str]:
     return said | accounting([j for j in job_ids if j not in said], lag_s=0)
 
 
+THROTTLE = re.compile(r"%\d+\]$")  # an array's tasks at once, as squeue writes it into the ids
+
+
 def cancel_pending(job_name: str) -> list[str]:
     """Cancel this user's jobs still pending under the sweep's job name (``<name>:nproc=N``, set by
     sbatch.py): a dead sweeper's, whose points the sweep that closed it runs. The ids Slurm no
@@ -213,7 +217,8 @@ def _pending() -> list[tuple[str, str]]:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.TimeoutExpired):
         return []
-    return [(job, name) for job, name in (line.split("|", 1) for line in out.splitlines() if "|" in line)]
+    rows = (line.split("|", 1) for line in out.splitlines() if "|" in line)
+    return [(THROTTLE.sub("]", job), name) for job, name in rows]  # 1841_[0-1%2]: scancel takes 1841_[0-1]
 
 
 def _unknown(kind: str, name: str) -> bool:

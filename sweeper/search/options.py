@@ -88,14 +88,20 @@ def storage_for(storage: str | None, tracking_uri: str) -> str:
     return f"sqlite:///{db.parent / 'optuna.db'}"
 
 
+# Keys that change how a sweep runs and reports, not what a trial computes: the same study resumes
+# whatever they are (report.figures=false, launcher=slurm, sweep.poll_s, ...).
+NOT_A_TRIALS = ("report", "sweep", "launcher", "hydra")
+
+
 def study_name(space: dict[str, Any], fixed: list[str], opts: SearchOptions) -> str:
-    """A name the same command gives again (so that it resumes): what is searched, what is fixed,
-    and towards what."""
+    """A name the same command gives again (so that it resumes): what is searched, what is fixed of
+    the trials (not NOT_A_TRIALS), and towards what."""
     from optuna.distributions import distribution_to_json
 
+    trials = [o for o in fixed if o.lstrip("+~").split("=", 1)[0].split(".", 1)[0] not in NOT_A_TRIALS]
     doc = {
         "space": {k: distribution_to_json(d) for k, d in sorted(space.items())},
-        "fixed": sorted(fixed),
+        "fixed": sorted(trials),
         "objective": [opts.objective, opts.direction],
     }
     digest = hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:10]
