@@ -184,13 +184,13 @@ def job_states(job_ids: list[str]) -> dict[str, str]:
     a job squeue no longer lists, sacct's word (one call, no wait)."""
     if not job_ids:
         return {}
-    cmd = ["squeue", "-h", "-j", ",".join(sorted(set(job_ids))), "-o", "%i|%T|%R"]
+    cmd = ["squeue", "-h", "-r", "-j", ",".join(sorted(set(job_ids))), "-o", "%i|%T|%R"]  # -r: a line a task
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.TimeoutExpired):
         return {}
     rows = [line.split("|") for line in out.splitlines() if line.count("|") == 2]
-    said = {job: f"{state} ({why})" if state == "PENDING" else f"{state} {why}" for job, state, why in rows}
+    said = {job: f"{state} {why}" for job, state, why in rows}  # %R: "(BeginTime)" pending, the nodes running
     return said | accounting([j for j in job_ids if j not in said], lag_s=0)
 
 
