@@ -378,3 +378,22 @@ def test_a_key_given_twice_to_the_trainer_is_said(tmp_path):
     )
     assert result.returncode == 0, result.stderr
     assert "note: hidden is given twice (hidden=16, hidden=8): the last, hidden=8, is used" in result.stderr
+
+
+def test_a_points_typed_config_from_the_last_points_equals_one_typed_afresh():
+    """trainer_config merges only what changed into the last point's typed config (#47: a 600-point
+    dry run); a group that changed starts again from the schema, so a key dropped is dropped."""
+    from omegaconf import OmegaConf
+
+    from sweeper.plan import shapes
+    from tests.test_sweeper import compose_sweep
+
+    points = [["hidden=16"], ["hidden=32", "gpu.gemm=tf32"], ["+mlflow.tags={a: b}"], ["hidden=8"], ["data.dir=/x"]]
+    points += [["lr=0.5", "nproc=2", "data.n_train=100"], ["hidden=9"]]
+    for overrides in points:
+        cfg = compose_sweep(overrides)
+        from_last = OmegaConf.to_yaml(shapes.trainer_config(cfg))
+        shapes._last = None
+        assert from_last == OmegaConf.to_yaml(shapes.trainer_config(cfg)), overrides
+    with pytest.raises(ConfigError, match="hiden"):
+        shapes.trainer_config(compose_sweep(["+hiden=16"]))

@@ -42,15 +42,29 @@ def _resolved(sweep_cfg: DictConfig, key: str) -> Any:
     return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
 
 
+_last: tuple[dict[str, Any], bytes] | None = None  # the last point's values and its typed config, pickled
+
+
 def trainer_config(sweep_cfg: DictConfig) -> DictConfig:
     """The trainer's part of a composed sweep config, typed as TrainerConfig."""
+    global _last
     # Only the trainer's keys: resolving the hydra section too was half of this function's time.
     values = {k: _resolved(sweep_cfg, k) for k in sweep_cfg if k not in SWEEP_ONLY_KEYS}
-    cfg = pickle.loads(_schema())
+    # A grid's points differ in a key or two: merge those into a copy of the last point's typed config
+    # (merging every value into the schema, OmegaConf's type checks of each, was 24 of a point's 58 ms).
+    if _last is not None and _last[0].keys() == values.keys():
+        cfg, changed = pickle.loads(_last[1]), {k: v for k, v in values.items() if _last[0][k] != v}
+        if any(isinstance(v, dict) for v in changed.values()):  # a merge adds keys, never drops them:
+            schema = pickle.loads(_schema())  # a changed group starts again from the schema's
+            for k in (k for k, v in changed.items() if isinstance(v, dict)):
+                cfg[k] = schema[k]
+    else:
+        cfg, changed = pickle.loads(_schema()), values
     try:
-        cfg.merge_with(values)  # what OmegaConf.merge does after copying its first argument (not read-only)
+        cfg.merge_with(changed)  # what OmegaConf.merge does after copying its first argument (not read-only)
     except (ConfigKeyError, ConfigAttributeError) as e:  # +hiden=16: a key no trainer has
         raise ConfigError(unknown_key(str(e.full_key), OmegaConf.structured(TrainerConfig))) from None
+    _last = (values, pickle.dumps(cfg, protocol=pickle.HIGHEST_PROTOCOL))
     # Jobs run in other folders and on other nodes: paths must hold from anywhere.
     cfg.check.cache_dir = str(Path(cfg.check.cache_dir).expanduser().resolve())
     if cfg.data.dir is not None:
