@@ -75,6 +75,10 @@ def test_a_sweep_of_one_and_two_node_shapes_spans_the_nodes(tmp_path, bridge_ser
         "model.init=fan_in",
         "data.scale=unit",
     ]  # pixels in [0, 1]: float64 sums differ by ~1e-15, not bytes' 1e-11
+    # One two-node start, not two (the retiming is test_retime's): 2 of 3 full suites on 2026-11-28 saw
+    # the retimed nproc=4 step hang in MPI_Init, slurmstepd's mpi/pmi2 refusing MPICH 5.0's segmented
+    # PMI put ("value not properly terminated"). That bug is open (#47's note), not hidden here.
+    grid += ["sweep.retime=false"]
     experiment = f"nodes-{time.time_ns()}"
     result = sweep([*grid, f"mlflow.experiment={experiment}"], tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
