@@ -6,11 +6,11 @@ later sends the same writes to the server and builds the report again from there
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from sweeper.points import POINTS_ARTIFACT
+from sweeper.track import sweep_file
 from sweeper.track.records import SweepRecord
 from trainer.record import journal, store
 
@@ -44,10 +44,7 @@ def journals(sweep_dir: Path) -> dict[str, list[dict[str, Any]]]:
     runs: dict[str, list[dict[str, Any]]] = {}
     for path in sorted([*sweep_dir.rglob(journal.DONE), *sweep_dir.rglob(journal.FILE)], key=_sent_first):
         run_id = None
-        for line in path.read_text().splitlines():
-            if not line.endswith("}"):  # a line still being written
-                continue
-            entry = json.loads(line)
+        for entry in sweep_file.lines(path):
             if entry["op"] == "run":  # a handed-off run's id is its first sender's (journal.RUN)
                 run_id = entry["run_id"] or _created(path.parent)
                 runs.setdefault(run_id, [])

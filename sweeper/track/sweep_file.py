@@ -63,11 +63,11 @@ def runs(folder: Path) -> dict[str, dict[str, Any]]:
     params, last value of each metric, epoch times (step, seconds) and tags, from its journal."""
     found: dict[str, dict[str, Any]] = {}
     for point in sorted(p for p in folder.iterdir() if p.is_dir()):
-        lines = [line for name in (journal.DONE, journal.FILE) for line in _lines(point / name)]
-        if not lines or "name" not in lines[0]:
+        entries = [entry for name in (journal.DONE, journal.FILE) for entry in lines(point / name)]
+        if not entries or "name" not in entries[0]:
             continue
         run: dict[str, Any] = {"status": "RUNNING", "params": {}, "metrics": {}, "epoch_s": [], "tags": {}}
-        for entry in lines:
+        for entry in entries:
             op = entry["op"]
             if op in ("params", "tags"):
                 run[op].update(entry[op])
@@ -78,7 +78,7 @@ def runs(folder: Path) -> dict[str, dict[str, Any]]:
                         run["epoch_s"].append((step, value))
             elif op == "end":
                 run["status"] = entry["status"]
-        found[lines[0]["name"]] = run
+        found[entries[0]["name"]] = run
     return found
 
 
@@ -99,7 +99,8 @@ def epoch_done(folder: Path) -> int | None:
     return None
 
 
-def _lines(path: Path) -> list[dict[str, Any]]:
+def lines(path: Path) -> list[dict[str, Any]]:
+    """A journal's entries; none where it is missing, and not a last line still being written."""
     try:
         text = path.read_text()
     except OSError:
