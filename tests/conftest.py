@@ -22,9 +22,11 @@ NO_TIMING_FLOOR = ["perf.min_batches=1", "perf.min_seconds=0"]
 MPIEXEC = shutil.which("mpiexec", path=os.path.dirname(sys.executable)) or shutil.which("mpiexec")
 # xdist's workers (execnet) set COLUMNS=80 and LINES=24, which every sweep a test starts would take
 # for a terminal's width: the tests read the closing table as a pipe gets it (tests/test_display.py
-# sets COLUMNS where it tests the width itself).
+# sets COLUMNS where it tests the width itself). Unset below Python too: outside xdist the C
+# environment pytest runs in holds COLUMNS=80 that os.environ never saw, and children inherit it.
 for _key in ("COLUMNS", "LINES"):
     os.environ.pop(_key, None)
+    os.unsetenv(_key)
 
 
 def gpu_available() -> bool:
