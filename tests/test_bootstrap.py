@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import pytest
 
+from sweeper.points import Shape
 from sweeper.runners.bootstrap import choose, family
+from sweeper.runners.sbatch import slurm_parameters
 from trainer.errors import ConfigError
 
 MPICH = "MPICH Version:      5.0.2"
@@ -34,6 +36,33 @@ def test_auto_picks_a_pair_that_works(library, plugins, mpiexecs, mode, mpiexec)
     chosen = choose("auto", library, plugins, mpiexecs)
     assert (chosen.mode, chosen.mpiexec) == (mode, mpiexec)
     assert chosen.srun == (mode != "mpiexec") and chosen.why.startswith("auto: mpi4py loads")
+
+
+def test_mpich_jobs_across_nodes_start_with_hydra_not_srun_pmi2():
+    """Slurm's pmi2 reads a PMI-1 line in one 1024-byte read; MPICH's address exchange across nodes
+    sends longer ones, and the step hung in MPI_Init (3 of 25 two-node steps on CI's Slurm 22.05)."""
+    chosen = choose("auto", MPICH, ["none", "pmi2"], BOTH)
+    assert chosen.on(1) == chosen and chosen.on(1).srun and chosen.mode == "pmi2"
+    wide = chosen.on(2)
+    assert (wide.mode, wide.mpiexec, wide.srun) == ("mpiexec", "/venv/bin/mpiexec", False)
+    assert "across nodes /venv/bin/mpiexec inside the allocation" in chosen.why
+    wide_params = slurm_parameters(launcher(), Shape(2, 2, 0, False), "s", bootstrap=wide)
+    narrow_params = slurm_parameters(launcher(), Shape(1, 2, 0, False), "s", bootstrap=chosen.on(1))
+    assert wide_params["use_srun"] is False and not any("--mpi" in a for a in wide_params["srun_args"])
+    assert "use_srun" not in narrow_params and "--mpi=pmi2" in narrow_params["srun_args"]
+    # Without Hydra beside it, or asked for pmi2 by name, or Open MPI's pmix: srun's PMI on every shape.
+    for kept in (
+        choose("auto", MPICH, ["none", "pmi2"], {}),
+        choose("pmi2", MPICH, ["none", "pmi2"], BOTH),
+        choose("auto", OPENMPI, ["none", "pmix"], BOTH),
+    ):
+        assert kept.on(2) == kept and kept.srun
+
+
+def launcher():
+    from tests.test_sweeper import compose_sweep
+
+    return compose_sweep(["launcher=slurm"]).launcher
 
 
 @pytest.mark.parametrize(

@@ -34,7 +34,10 @@ def test_auto_chooses_srun_pmi2_for_the_mpich_wheel_and_a_two_rank_point_runs(tm
     assert "ranks start: auto: mpi4py loads MPICH" in result.stdout and "srun --mpi=pmi2" in result.stdout
     (run,) = only_sweep(mlflow_uri).values()
     assert run.info.status == "FINISHED" and run.data.tags["sweepscale.world_size"] == "2"
-    assert parent_of(mlflow_uri).data.tags[metrics.TAG_RANKS_START].endswith("srun --mpi=pmi2")
+    said = parent_of(mlflow_uri).data.tags[metrics.TAG_RANKS_START]
+    assert "srun --mpi=pmi2 on one node; across nodes " in said and said.endswith(
+        "inside the allocation (srun's pmi2 cuts MPICH's long PMI lines)"
+    )
     script = next(tmp_path.glob("multirun/*/*/.submitit/*/*_submission.sh")).read_text()
     assert "--mpi=pmi2" in script and "\nsrun " in script
 

@@ -7,6 +7,11 @@ MPICH's Hydra both read Slurm's allocation and start ranks on its nodes).
 ``launcher.pmi``: ``auto`` (the default) asks which MPI mpi4py loads and which plugins ``srun
 --mpi=list`` offers, and picks a pair that works (:func:`choose`, pure, holds the table);
 ``pmi2``, ``pmix`` or ``mpiexec`` are honoured as given where this Slurm can give them.
+
+With MPICH, ``auto`` starts a job that spans nodes with Hydra's mpiexec even where srun offers
+pmi2: Slurm's pmi2 plugin reads each PMI-1 command in one 1024-byte read, and MPICH's address
+exchange across nodes sends longer lines, so slurmstepd cuts them ("value not properly terminated
+in client request") and the step fails or hangs in MPI_Init (docs/benchmarks.md, "Two nodes").
 """
 
 from __future__ import annotations
@@ -32,10 +37,17 @@ class Bootstrap:
     mode: str  # pmi2 | pmix: srun starts the ranks with --mpi=<mode>; mpiexec: mpiexec does, inside the allocation
     mpiexec: str | None  # the mpiexec of mode mpiexec
     why: str  # one line: what was found and what it led to
+    across_nodes: str | None = None  # an mpiexec that starts jobs spanning nodes instead of srun's PMI
 
     @property
     def srun(self) -> bool:
         return self.mode != "mpiexec"
+
+    def on(self, nodes: int) -> Bootstrap:
+        """How the ranks of a job of ``nodes`` nodes start: ``across_nodes`` where it spans several."""
+        if nodes > 1 and self.across_nodes:
+            return Bootstrap("mpiexec", self.across_nodes, self.why)
+        return self
 
 
 def family(text: str) -> str:
@@ -70,7 +82,13 @@ def choose(pmi: str, library: str, plugins: list[str] | None, mpiexecs: dict[str
         raise ConfigError(f"launcher.pmi={pmi}: expected auto, {', '.join(MODES)}")
     wanted = {"mpich": "pmi2", "openmpi": "pmix"}.get(kind)
     if wanted is not None and (offered is None or wanted in offered):
-        return Bootstrap(wanted, None, f"auto: {found}: srun --mpi={wanted}")
+        across = mpiexecs.get("mpich") if wanted == "pmi2" else None
+        why = f"auto: {found}: srun --mpi={wanted}"
+        if across:  # the module's docstring says why
+            why += (
+                f" on one node; across nodes {across} inside the allocation (srun's pmi2 cuts MPICH's long PMI lines)"
+            )
+        return Bootstrap(wanted, None, why, across)
     if kind in mpiexecs:
         return Bootstrap(
             "mpiexec", mpiexecs[kind], f"auto: {found}, no PMI of this MPI: {mpiexecs[kind]} inside the allocation"

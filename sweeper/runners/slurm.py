@@ -172,13 +172,15 @@ class SlurmRunner:
         return out
 
     def parameters(self, shape: Shape, n_points: int = 1, at_once: int | None = None) -> dict[str, Any]:
-        return slurm_parameters(self.launcher, shape, self.job_name, n_points, at_once, self.bootstrap)
+        return slurm_parameters(self.launcher, shape, self.job_name, n_points, at_once, self.bootstrap.on(shape.nodes))
 
     def launch(self, shape: Shape) -> list[str] | None:
-        """What starts a job's ranks where srun does not (launcher.pmi=mpiexec): the MPI's mpiexec."""
-        if self.bootstrap.srun:
+        """What starts a job's ranks where srun does not (launcher.pmi=mpiexec, or MPICH across nodes):
+        the MPI's mpiexec."""
+        how = self.bootstrap.on(shape.nodes)
+        if how.srun:
             return None
-        return [self.bootstrap.mpiexec or "mpiexec", "-n", str(shape.nodes * shape.tasks_per_node)]
+        return [how.mpiexec or "mpiexec", "-n", str(shape.nodes * shape.tasks_per_node)]
 
     def hands_off(self, points: list[Point]) -> bool:
         return False  # its jobs create their runs: a requeued one goes on in it from its checkpoint
@@ -232,7 +234,7 @@ class SlurmRunner:
         """What every job's trainer is told beyond its config: how often it may requeue itself, and
         what an mpiexec inside the allocation needs (on one node: its ranks on loopback)."""
         env = {requeue.MAX_REQUEUES: str(self.launcher.max_requeues)}
-        if not self.bootstrap.srun:
+        if not self.bootstrap.on(shape.nodes).srun:
             env.update(parallel.mpiexec_settings(one_host=shape.nodes == 1))
         return env
 
