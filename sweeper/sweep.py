@@ -18,6 +18,8 @@ from omegaconf import DictConfig
 
 from sweeper import display, folders, timeline
 from sweeper.config import validate_sweep
+from sweeper.plan import cost
+from sweeper.plan.preview import preview
 from sweeper.plan.source import PointSource
 from sweeper.points import Point
 from sweeper.report import drawing
@@ -44,7 +46,7 @@ def run_sweep(base: DictConfig, source: PointSource, sweep_dir: Path, overrides:
     sweep = Sweep(base, source, sweep_dir, overrides)
     groups, unchecked = sweep.check()
     if base.sweep.dry_run:
-        preview(sweep.points, sweep.runner.preview(groups), unchecked, sweep.data_unchecked)
+        preview(sweep.points, sweep.runner.preview(groups), unchecked, sweep.data_unchecked, *sweep.rates())
         return 0
     with phase("points: open"):  # a study that holds its trials already stops here, before any worker
         source.open(sweep.runner, sweep.points)
@@ -100,6 +102,17 @@ class Sweep:
             self.experiment = store.experiment_name(self.base.mlflow.experiment)
             uri_check.check_uri(self.uri)
         return groups, unchecked
+
+    def rates(self) -> tuple[dict[tuple[str, ...], cost.Rate], str]:
+        """What earlier runs in the store say the points' shapes cost, for the preview, and where from;
+        a store that fails to answer leaves the estimate out."""
+        where = f"{self.uri} (experiment {self.experiment})"
+        store.bound_waits(uri_check.ANSWER_S)  # a preview ends here: a slow server slows no run
+        try:
+            return cost.rates(cost.measured(self.uri, self.experiment)), where
+        except Exception as e:  # MLflow's errors are many: the preview goes on without the estimate
+            display.console.print(f"[yellow]no estimate:[/yellow] {where}: {str(e).splitlines()[0][:200]}")
+            return {}, where
 
     def start(self) -> None:
         """The workers started (a grid's points too, where they may go ahead of the store), the
@@ -252,34 +265,6 @@ def check_data(points: list[Point]) -> None:
         if (c.reference, c.cache_dir) not in seen:
             seen.add((c.reference, c.cache_dir))
             limits.check_folders(p.trainer)
-
-
-def preview(points: list[Point], scripts: dict[str, str], unchecked: str = "", data_unchecked: str = "") -> None:
-    """The dry run's table of points, what each trains on and with what, what the runner would submit,
-    and what could not be checked here (the scheduler does not answer, the data is elsewhere, the
-    machine is too small)."""
-    display.preview([preview_row(p) for p in points], scripts)
-    for p in points:
-        if p.cannot:
-            said = p.cannot if p.cannot.startswith(f"point {p.name}") else f"{p.name}: {p.cannot}"
-            display.console.print(f"[yellow]not on this machine:[/yellow] {said}")
-    if data_unchecked:
-        display.console.print(f"[yellow]data not checked here:[/yellow] {data_unchecked}")
-    if unchecked:
-        display.console.print(
-            f"[yellow]not checked:[/yellow] {unchecked}. The partition's limits are unknown here: what the "
-            "launcher keys leave null is assumed (a point's ranks on one node, one GPU each unless device=cpu; "
-            "set launcher.gpus_per_node, ranks_per_node, max_nodes to preview others)."
-        )
-
-
-def preview_row(p: Point) -> dict[str, str]:
-    """A point as the preview shows it: what it trains on, how long, with what."""
-    t = p.trainer
-    data = f"{t.data.n_train or 'all'} of {t.data.dir or 'the embedded digits'}"
-    resources = p.shape.describe() + (" (not here)" if p.cannot else "")
-    return {"#": str(p.index), "point": p.name, "nproc": str(p.nproc), "batch": str(t.batch_size),
-            "epochs": str(t.epochs), "training images": data, "resources": resources}  # fmt: skip
 
 
 def write_report(record: SweepRecord, sweep_dir: Path, target: float | None = None, offline: str | None = None) -> Any:

@@ -136,6 +136,7 @@ def test_dry_run_lists_points_and_resources_without_submitting(tmp_path, mlflow_
     for name in ("hidden=16,nproc=1", "hidden=32,nproc=2"):
         assert name in result.stdout
     assert "1 node(s) x 2 task(s), 1 CPU rank each" in result.stdout
+    assert "estimate: none; no finished run in sqlite:///" in result.stdout  # and none created to look
     assert not Path(mlflow_uri.removeprefix("sqlite:///")).exists()
     assert not Path(os.environ["SWEEPSCALE_CACHE"]).exists(), "the reference cache's folder is tried, not left"
 
@@ -852,3 +853,21 @@ def test_a_sweep_totals_what_its_points_held(tmp_path, mlflow_uri):
     assert f"{sum(held.values()):.1f} core-seconds" in line and "s of the sweep" in line, line
     (summary,) = tmp_path.glob("multirun/*/*/report/summary.md")
     assert f"Held: {sum(held.values()):.1f} core-seconds" in summary.read_text()
+    # A dry run of the same shapes (#49) estimates each from what its earlier run held: the part the
+    # run held beside its epochs, plus its training per sample times the samples asked (here 3x the
+    # epochs); a width no run has had shows no estimate, and the total counts what is known.
+    longer = [o if o != "epochs=2" else "epochs=6" for o in FAST]
+    shown = sweep(["hidden=16,24", "nproc=1,2", *longer, "--dry-run"], tmp_path)
+    assert shown.returncode == 0, shown.stdout + shown.stderr
+    estimates = {cells[1]: cells[-1] for cells in table_rows(shown.stdout)}
+    for name, run in kids.items():
+        total, part = held[name], run.data.metrics[metrics.device_seconds("cpu", training=True)]
+        assert estimates[f"hidden=16,{name}"] == f"{(total - part) + part * 3:.3g} core-s", estimates
+    assert estimates["hidden=24,nproc=1"] == estimates["hidden=24,nproc=2"] == "-"
+    assert "for 2 of 4 points, from earlier runs of their shape" in shown.stdout
+    assert "2 point(s) have no earlier run of their shape" in shown.stdout
+
+
+def table_rows(text: str) -> list[list[str]]:
+    """The cells of each body row of a rich table as a pipe gets it (one line a row)."""
+    return [[c.strip() for c in line.split("│")[1:-1]] for line in text.splitlines() if line.startswith("│")]

@@ -141,6 +141,12 @@ def load_embedded_digits() -> Dataset:
     return Dataset(ds.x_train, ds.y_train, ds.x_test, ds.y_test, source=EMBEDDED_SOURCE)
 
 
+def train_images(data_dir: str | None) -> int:
+    """The training images a folder's header declares (the embedded digits' where None)."""
+    folder = EMBEDDED if data_dir is None else _folder(data_dir)
+    return declared(_find(folder, FILES["train_images"]), IMAGES_MAGIC)[0]
+
+
 def check(data_dir: str | None, n_train: int | None, n_test: int | None) -> None:
     """What :func:`load` refuses for a folder's files, found from their headers and sizes alone (a
     sweep checks its data so before anything starts; a damaged body is found by the run that loads
