@@ -72,17 +72,28 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--trials", type=int, default=24)
     ap.add_argument("--hydra-optuna", default="/tmp/hos/site", help="holds hydra-optuna-sweeper and optuna<3")
+    ap.add_argument(
+        "--runs",
+        nargs="+",
+        default=["search", "optuna"],
+        choices=["search", "optuna", "slurm"],
+        help="slurm: the search through scripts/slurm_up.sh's Slurm, two allocations at once",
+    )
     a = ap.parse_args()
+    search = [*SPACE, "hydra/sweeper=search", f"hydra.sweeper.n_trials={a.trials}"]
+    on_slurm = [p for p in POINTS if not p.startswith("launcher.")] + ["launcher=slurm", "launcher.array_parallelism=2"]
     commands = {
-        "A search": ([*SPACE, *POINTS, "hydra/sweeper=search", f"hydra.sweeper.n_trials={a.trials}"], None),
-        "B Hydra's Optuna, n_jobs=2": (
+        "search": ("A search", [*search, *POINTS], None),
+        "optuna": (
+            "B Hydra's Optuna, n_jobs=2",
             [*SPACE, *POINTS, "hydra/sweeper=optuna", f"hydra.sweeper.n_trials={a.trials}", "hydra.sweeper.n_jobs=2"],
             a.hydra_optuna,
         ),
+        "slurm": ("C search on Slurm", [*search, *on_slurm], None),
     }
     print(f"{'command':28s} {'wall s':>7s} {'trials':>6s} {'workers':>7s} {'alive s':>8s} {'in runs s':>9s} "
           f"{'training s':>10s} {'idle':>5s} {'best':>6s}")  # fmt: skip
-    for label, (args, site) in commands.items():
+    for label, args, site in (commands[k] for k in a.runs):
         wall, folder = run(label.split()[0], args, site)
         lives = workers(folder)
         trials, in_runs, training, best = busy(folder)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_sweeper import children_of, hang_report, parents, runs, sweep
+from tests.test_sweeper import SLURM, children_of, hang_report, parents, runs, slurm, sweep
 from tests.test_trainer_runs import trainer
 from trainer import metrics
 from trainer.errors import ConfigError
@@ -93,6 +93,32 @@ def test_a_search_tells_its_trials_and_resumes(tmp_path, mlflow_uri):
     full = sweep([*args, "hydra.sweeper.n_trials=6"], tmp_path)  # nothing left to ask: said, nothing started
     assert full.returncode == 2 and "already holds its 6 trials; raise hydra.sweeper.n_trials" in full.stderr
     assert len(runs(mlflow_uri)) == 8 and len(list(tmp_path.glob("multirun/*/*"))) == 2
+
+
+@slurm
+def test_a_search_on_slurm_streams_its_trials_to_warm_allocations(tmp_path, mlflow_uri):
+    """#50: the README's search with launcher=slurm. Trials are asked as allocations free, an
+    allocation per shape (nproc is an axis) serving its trials warm; every trial's run FINISHED
+    in the Slurm job that trained it, and no allocation outlives the sweep."""
+    tiny = ["device=cpu", "data.n_train=400", "data.n_test=100", "epochs=2"]
+    args = [*SPACE, *tiny, *SLURM, "launcher.array_parallelism=2", "hydra.sweeper.n_trials=5"]
+    result = sweep(args, tmp_path, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert states(study(tmp_path)) == ["COMPLETE"] * 5
+    (parent,) = parents(mlflow_uri)
+    kids = children_of(mlflow_uri, parent.info.run_id)
+    assert len(kids) == 5 and {r.info.status for r in kids.values()} == {"FINISHED"}
+    jobs = {r.data.tags[metrics.TAG_SLURM_JOB] for r in kids.values()}
+    assert len(jobs) < 5, jobs  # warm: an allocation served more than one trial
+    for run in kids.values():
+        assert run.data.tags["sweepscale.world_size"] == run.data.params["nproc"]
+    # The seal ends the workers that served, a worker that never took a trial is cancelled, pending or
+    # not (Slurm tests run one at a time: any job listed is this sweep's); within seconds, not at once.
+    deadline, left = time.monotonic() + 60, "?"
+    while left and time.monotonic() < deadline:
+        left = subprocess.run(["squeue", "-h"], capture_output=True, text=True, timeout=30).stdout.strip()
+        time.sleep(1)
+    assert left == "", left
 
 
 def test_time_to_target_as_the_objective(tmp_path, mlflow_uri):
@@ -265,7 +291,7 @@ def test_a_run_stops_when_its_sweep_asks(idx_dir, mlflow_uri, tmp_path):
         (["hydra.sweeper.pruner=median", "hydra.sweeper.objective=perf/tflops"], "use one of test/precision"),
         (["hydra.sweeper.n_trials=0"], "hydra.sweeper.n_trials=0: a search needs at least 1 trial"),
         (["hydra.sweeper.objective=time_to_target"], "needs the test precision to reach: set report.target"),
-        (["launcher.warm=false"], "use launcher=local (launcher.warm=true, the default)"),
+        (["launcher.warm=false"], "runs its trials on warm workers: set launcher.warm=true (the default)"),
         (
             ["nproc=1,3", "launcher.oversubscribe=false"],  # TINY has launcher.cpus=2
             "nproc=3 needs 3 CPU cores but this machine has 2",

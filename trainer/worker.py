@@ -128,7 +128,7 @@ def _serve(
         # warned: the job's restart serves the rest
         if requeue.warned(world.comm, between_points=True) and requeue.requeues_left() > 0:
             return _settle(waiting, worker, block=True) or requeue.REQUEUE_STATUS
-        if stream and not _next_ticket(queue, world, waiting, worker):  # a search's: not holding the lease
+        if stream and not _next_ticket(queue, name, world, waiting, worker):  # a search's: not holding the lease
             return _settle(waiting, worker, block=True)
         if lease is not None:
             lease.acquire(world.comm)
@@ -148,10 +148,15 @@ def _serve(
             return KILLED_STATUS
 
 
-def _next_ticket(queue: Path, world: parallel.World, waiting: list, worker: str) -> bool:
+def _next_ticket(queue: Path, name: str, world: parallel.World, waiting: list, worker: str) -> bool:
     """A streaming queue's worker, between points: rank 0 waits for a ticket or the seal, landing
-    its checks meanwhile (their results are what the search waits for); False: the sweeper is gone."""
-    ok = queue_files.wait_ticket(queue, lambda: _settle(waiting, worker, block=False)) if world.rank == 0 else True
+    its checks meanwhile (their results are what the search waits for); False: the sweeper is gone,
+    or released this worker."""
+
+    def land() -> None:
+        _settle(waiting, worker, block=False)
+
+    ok = queue_files.wait_ticket(queue, land, name) if world.rank == 0 else True
     return bool(parallel.share(world.comm, ok))  # the other ranks asleep meanwhile
 
 

@@ -121,7 +121,7 @@ class Runner(Protocol):
 @runtime_checkable
 class Streaming(Protocol):
     """A runner that can take points while the sweep runs (a search's trials, sweeper/search/flow.py):
-    the local runner's warm workers."""
+    warm workers, the local runner's processes or the Slurm runner's allocations."""
 
     def stream(self) -> bool:
         """From now on points come while the sweep runs, their queues left open until

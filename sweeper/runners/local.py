@@ -114,9 +114,7 @@ class LocalRunner(WithoutScheduler):
     def end_stream(self) -> None:
         """A search asked for its last trial: its queues sealed, their workers end once idle."""
         if self.pool is not None:
-            for q in self.pool.queues:
-                if q.streaming and not q.sealed:
-                    q.seal([])
+            self.pool.end_streams()
 
     def start(self, queued: list[Point]) -> list[tuple[Point, Job]]:
         if self.pool is not None:

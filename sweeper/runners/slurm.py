@@ -21,11 +21,11 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from sweeper.display import console
 from sweeper.job.point_job import run_point, run_worker
 from sweeper.points import Point, Shape
-from sweeper.runners import bootstrap, partition
+from sweeper.runners import bootstrap, partition, warm
 from sweeper.runners.base import SchedulerAwayError
 from sweeper.runners.sbatch import sbatch_preview, share, slurm_parameters
-from sweeper.runners.warm import Queue, WarmPool
 from trainer.errors import ConfigError
+from trainer.lifecycle import queue_files as protocol
 from trainer.lifecycle import requeue
 from trainer.ranks import parallel
 
@@ -44,14 +44,16 @@ class SlurmRunner:
 
     def __init__(self, launcher: DictConfig, folder: Path, job_name: str) -> None:
         self.launcher, self.folder, self.job_name = launcher, folder, job_name
-        self.pool = WarmPool(folder, launcher.max_restarts) if launcher.warm else None
+        self.pool = warm.WarmPool(folder, launcher.max_restarts) if launcher.warm else None
         self.job_a_point = self.pool is None
+        self.streaming = False  # a search's (sweeper/search/flow.py): points come while the sweep runs
         self._partition: partition.Partition | None = None
         self.away: SchedulerAwayError | None = None  # Slurm does not answer here: a preview goes on without it
         self._bootstrap: bootstrap.Bootstrap | None = None
         self.submitted: list[str] = []  # the ids of jobs not seen ended yet, for squeue
         self.jobs: dict[str, Job] = {}
         self._pending: tuple[float, dict[str, int]] = (0.0, {})  # when squeue was last asked, and its answer
+        self._pending_ids: set[str] = set()  # the jobs squeue last said were pending
 
     def partition_limits(self) -> partition.Partition:
         """The partition's limits, asked of Slurm once (after its own word on a named partition)."""
@@ -185,8 +187,34 @@ class SlurmRunner:
     def hands_off(self, points: list[Point]) -> bool:
         return False  # its jobs create their runs: a requeued one goes on in it from its checkpoint
 
+    def stream(self) -> bool:
+        """A search's points come while the sweep runs (base.Streaming): warm allocations only."""
+        self.streaming = self.pool is not None
+        return self.streaming
+
+    def units(self, shape: Shape) -> int:
+        """How many trials a search keeps running: an allocation each, ``array_parallelism`` at once."""
+        return self.launcher.array_parallelism
+
+    def end_stream(self) -> None:
+        """The search's last trial has ended: its queues sealed (their workers end once idle), and a
+        worker that never took a trial, pending in Slurm's queue or not, cancelled: no allocation
+        starts after the sweep for nothing."""
+        if self.pool is None:
+            return
+        self.pool.end_streams()
+        for q in self.pool.queues:
+            served = set(q.claims().values())
+            for name in [n for n in q.live() if q.streaming and n not in served]:
+                q.ended.add(name)
+                q.workers[name].cancel(check=False)
+
     def prestart(self, points: list[Point]) -> None:
-        pass  # a Slurm job may wait in the queue for minutes: submitted with its tickets
+        """A search's queues open and their first allocations are asked for now: their wait in
+        Slurm's queue overlaps the study's first trials. A grid's jobs go with their tickets."""
+        if self.pool is not None and self.streaming:
+            self.pool.put(points, tickets=False)
+            self._start_streaming()
 
     def start(self, queued: list[Point]) -> list[tuple[Point, Job]]:
         if self.pool is not None:
@@ -209,12 +237,18 @@ class SlurmRunner:
         """Points not seen before are queued in chunks, one array per shape; later calls resubmit a
         chunk whose worker died with points left."""
         pool = self.pool
+        if self.streaming:  # a search's trials: tickets as they come, the queues left open
+            pool.put(queued)
+            pool.ended_workers()
+            self._release_idle()
+            self._start_streaming()
+            return pool.tickets(queued)
         known = {p.index for q in pool.queues for p in q.points}
         new = [p for p in queued if p.index not in known]  # a later round's points too (sweeper/track/retime.py)
         fresh = pool.add(new, chunk=self.launcher.points_per_job) if new else []
         pool.ended_workers()
         again = [q for q in pool.queues if q not in fresh and not q.live() and pool.needs_workers(q)]
-        by_shape: dict[Shape, list[Queue]] = {}
+        by_shape: dict[Shape, list[warm.Queue]] = {}
         for q in fresh + again:
             by_shape.setdefault(q.points[0].shape, []).append(q)
         shares = share(self.launcher.array_parallelism, [len(qs) for qs in by_shape.values()])
@@ -229,6 +263,51 @@ class SlurmRunner:
                 q.workers[name] = job
                 console.print(f"slurm job {job.job_id} ({shape.describe()}): {', '.join(p.name for p in q.points)}")
         return pool.tickets(queued)
+
+    def _start_streaming(self) -> None:
+        """An allocation (a worker) for each trial no worker will take soon, ``array_parallelism``
+        at most at once; each serves its queue's trials until the search seals it."""
+        pool = self.pool
+        live = len(pool.live_jobs())
+        for q in pool.queues:
+            shape = q.points[0].shape
+            for _ in range(pool.needs_workers(q)):
+                if live >= self.launcher.array_parallelism:
+                    return
+                name = pool.new_name()
+                call = (
+                    run_worker,
+                    str(q.dir),
+                    name,
+                    q.nproc,
+                    q.mpiexec,
+                    {**q.env, **self.env(shape)},
+                    self.launch(shape),
+                )
+                (job,) = self._submit(shape, self.launcher.points_per_job, [call], 1, [["search trials"]])
+                q.workers[name] = job
+                live += 1
+                console.print(f"slurm job {job.job_id} ({shape.describe()}): a search's worker")
+
+    def _release_idle(self) -> None:
+        """A search's worker with no trial in hand gives its allocation back while another shape's
+        trials wait for a worker Slurm has not started: on a partition they fill, each would
+        otherwise wait for the other. A later trial of its shape asks for a new allocation."""
+        queues = [q for q in self.pool.queues if q.streaming and not q.sealed]
+        waiting = [
+            q
+            for q in queues
+            if len(q.ticketed) > len(q.claims()) and all(q.workers[n].job_id in self._pending_ids for n in q.live())
+        ]
+        if not waiting:
+            return
+        for q in queues:
+            if q in waiting or not warm.idle(q):
+                continue
+            for name in q.live():
+                q.ended.add(name)  # given back, not lost: no restart, and its queue is not given up
+                protocol.release(q.dir, name)  # the worker ends, its job COMPLETED
+                console.print(f"slurm job {q.workers[name].job_id}: idle, given back for another shape's trials")
 
     def env(self, shape: Shape) -> dict[str, str]:
         """What every job's trainer is told beyond its config: how often it may requeue itself, and
@@ -265,6 +344,7 @@ class SlurmRunner:
         rows = [line.strip().split("|") for line in out.splitlines() if line.count("|") == 2]
         # a job the scheduler has not looked at yet says "None": it waits all the same
         counts = dict(Counter(NOT_YET if r == "None" else r for _, state, r in rows if state == "PENDING"))
+        self._pending_ids = {job_id for job_id, state, _ in rows if state == "PENDING"}
         listed = {job_id for job_id, _, _ in rows}
         for job_id in [j for j in self.submitted if j not in listed]:  # until sacct, which lags, says so too
             if self.jobs[job_id].done(force_check=True):

@@ -111,6 +111,15 @@ class Queue:
         return [n for n in self.workers if n not in self.ended]
 
 
+def idle(q: Queue) -> bool:
+    """A streaming queue whose workers hold no trial: every ticket claimed, and each claimed
+    point's result written."""
+    if len(q.ticketed) > len(q.claims()):
+        return False
+    dirs = {p.index: p.dir for p in q.points}
+    return all((dirs[i] / protocol.RESULT).exists() for i in q.claims() if i in dirs)
+
+
 def withdraw_unclaimed(sweep_dir: Path) -> int:
     """The tickets no worker of an earlier sweep (its sweeper gone) has claimed: removed, and its
     queues sealed, so that its live workers end after their points (and one still waiting for its
@@ -229,6 +238,12 @@ class WarmPool:
                 q.points.append(p)
             if tickets:
                 q.put(p)
+
+    def end_streams(self) -> None:
+        """A search asked for its last trial: its queues sealed, their workers end once idle."""
+        for q in self.queues:
+            if q.streaming and not q.sealed:
+                q.seal([])
 
     def seal(self, queued: list[Point]) -> None:
         """Tickets for the points still to run (the others were recorded before: resumed), in

@@ -20,10 +20,7 @@ if TYPE_CHECKING:
     from sweeper.track.records import SweepRecord
     from sweeper.track.watch import Flight
 
-NEEDS = (
-    "hydra/sweeper=search runs its trials on warm workers of this machine: use launcher=local "
-    "(launcher.warm=true, the default)"
-)
+NEEDS = "hydra/sweeper=search runs its trials on warm workers: set launcher.warm=true (the default)"
 
 
 class SearchSource:

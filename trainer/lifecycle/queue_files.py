@@ -26,6 +26,7 @@ TODO, CLAIMED = "todo", "claimed"
 SEALED = "sealed"  # every ticket is written
 STREAMING = "streaming"  # tickets come while the workers train, until the seal
 OWNER = "owner"  # "host pid" of the sweeper that fills the queue
+RELEASED = "released"  # released/<worker name>: an idle worker of a search's queue is to end (its allocation freed)
 SEAL_POLL_S = 0.01
 POINT_DATA = "point.json"  # beside point.yaml, the config a cold job runs (sweeper/plan/point_files.py)
 RESULT = "result.json"
@@ -78,15 +79,27 @@ def wait_sealed(queue: Path) -> bool:
     return wait_for(queue, lambda: (queue / SEALED).exists() or (queue / STREAMING).exists())
 
 
-def wait_ticket(queue: Path, meanwhile: Callable[[], None] = lambda: None) -> bool:
+def wait_ticket(queue: Path, meanwhile: Callable[[], None] = lambda: None, name: str = "") -> bool:
     """Block until the queue holds a ticket (True) or is sealed (True: the worker ends once it is
-    empty), or its owner is gone (False); ``meanwhile`` runs at every look (a worker's checks land)."""
+    empty), or its owner is gone or has released worker ``name`` (False); ``meanwhile`` runs at every
+    look (a worker's checks land)."""
 
     def ready() -> bool:
         meanwhile()
-        return (queue / SEALED).exists() or any((queue / TODO).iterdir())
+        return (queue / SEALED).exists() or any((queue / TODO).iterdir()) or released(queue, name)
 
-    return wait_for(queue, ready)
+    return wait_for(queue, ready) and not released(queue, name)
+
+
+def release(queue: Path, name: str) -> None:
+    """Worker ``name``, waiting for a ticket with none in hand, is to end (the sweeper wants its
+    allocation for another shape's trials)."""
+    (queue / RELEASED).mkdir(exist_ok=True)
+    (queue / RELEASED / name).touch()
+
+
+def released(queue: Path, name: str) -> bool:
+    return bool(name) and (queue / RELEASED / name).exists()
 
 
 def wait_for(queue: Path, ready: Callable[[], bool]) -> bool:
