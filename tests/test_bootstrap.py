@@ -127,7 +127,7 @@ def test_the_mpi_family_is_read_from_version_texts(text, kind):
     assert family(text) == kind
 
 
-def test_a_slurm_jobs_ranks_take_a_blas_thread_per_cpu_of_their_task():
+def test_a_slurm_jobs_cpu_ranks_take_a_blas_thread_per_cpu_of_their_task():
     """numpy's BLAS otherwise starts a thread per CPU of the node in every rank: on CI's 2-CPU node
     a search's trials trained 3x slower through Slurm than locally (docs/benchmarks.md)."""
     from pathlib import Path
@@ -136,5 +136,7 @@ def test_a_slurm_jobs_ranks_take_a_blas_thread_per_cpu_of_their_task():
     from tests.test_sweeper import compose_sweep
 
     cfg = compose_sweep(["launcher=slurm", "launcher.pmi=pmi2", "launcher.cpus_per_task=3"])
-    env = SlurmRunner(cfg.launcher, Path("."), "t").env(Shape(1, 2, 0, False))
-    assert {env[k] for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")} == {"3"}
+    runner = SlurmRunner(cfg.launcher, Path("."), "t")
+    keys = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+    assert {runner.env(Shape(1, 2, 0, False))[k] for k in keys} == {"3"}
+    assert not set(keys) & set(runner.env(Shape(1, 2, 1, False)))  # GPU ranks: the CPU check keeps its threads

@@ -310,12 +310,13 @@ class SlurmRunner:
                 console.print(f"slurm job {q.workers[name].job_id}: idle, given back for another shape's trials")
 
     def env(self, shape: Shape) -> dict[str, str]:
-        """What every job's trainer is told beyond its config: its BLAS threads, how often it may
+        """What every job's trainer is told beyond its config: CPU ranks' BLAS threads, how often it may
         requeue itself, and what an mpiexec inside the allocation needs (on one node: its ranks on
         loopback)."""
-        threads = str(self.launcher.cpus_per_task)  # a BLAS thread per CPU of its task, not per CPU of the node
-        env = {key: threads for key in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
-        env[requeue.MAX_REQUEUES] = str(self.launcher.max_requeues)
+        env = {requeue.MAX_REQUEUES: str(self.launcher.max_requeues)}
+        if not shape.gpus_per_task:  # CPU ranks: a BLAS thread per CPU of the task, not per CPU of the node
+            threads = str(self.launcher.cpus_per_task)
+            env.update({key: threads for key in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")})
         if not self.bootstrap.on(shape.nodes).srun:
             env.update(parallel.mpiexec_settings(one_host=shape.nodes == 1))
         return env
