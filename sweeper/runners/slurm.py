@@ -206,8 +206,7 @@ class SlurmRunner:
         for q in self.pool.queues:
             served = set(q.claims().values())
             for name in [n for n in q.live() if q.streaming and n not in served]:
-                q.ended.add(name)
-                q.workers[name].cancel(check=False)
+                self._let_go(q, name)
 
     def prestart(self, points: list[Point]) -> None:
         """A search's queues open and their first allocations are asked for now: their wait in
@@ -305,9 +304,18 @@ class SlurmRunner:
             if q in waiting or not warm.idle(q):
                 continue
             for name in q.live():
-                q.ended.add(name)  # given back, not lost: no restart, and its queue is not given up
-                protocol.release(q.dir, name)  # the worker ends, its job COMPLETED
-                console.print(f"slurm job {q.workers[name].job_id}: idle, given back for another shape's trials")
+                self._let_go(q, name)
+                console.print(f"slurm job {q.workers[name].job_id}: no trial in hand, given back for another shape's")
+
+    def _let_go(self, q: warm.Queue, name: str) -> None:
+        """A search's worker with no trial in hand ends, given back, not lost (no restart, its queue
+        not given up): one that served trials reads its release and exits (its job COMPLETED); one
+        that never took a trial, perhaps still pending, is cancelled."""
+        q.ended.add(name)
+        if name in q.claims().values():
+            protocol.release(q.dir, name)
+        else:
+            q.workers[name].cancel(check=False)
 
     def env(self, shape: Shape) -> dict[str, str]:
         """What every job's trainer is told beyond its config: CPU ranks' BLAS threads, how often it may
