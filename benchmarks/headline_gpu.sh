@@ -4,7 +4,7 @@
 # reference cache, through the local launcher and through Slurm (scripts/slurm_gpu_node.sh), and
 # the code before this change beside it (.device/before, for the paired figures). Prints a table;
 # logs and each sweep's timeline.json in $OUT/results.tgz. docs/benchmarks.md has the call and the figures.
-#   bash benchmarks/headline_gpu.sh [STAGE ...]   stages: warmup probe after newcache before again shapes nocheck slurm shard pytest step search (default: after slurm)
+#   bash benchmarks/headline_gpu.sh [STAGE ...]   stages: warmup probe after newcache before again shapes nocheck slurm shard pytest step search slurm_search (default: after slurm)
 # Expects .whl/ (bash ../shared/device/fetch_wheels.sh), .device/mnist/ (full MNIST),
 # .device/debs/ (bash scripts/slurm_gpu_node.sh --fetch .device/debs), .device/before/ (git archive).
 set -uo pipefail
@@ -109,6 +109,15 @@ print(sys.argv[1], " ".join(f"H={H} {t:.4f} ms" for H, t in ms.items()))' "round
           "lr=tag(log,interval(0.02,0.5))" epochs=20 "data.dir=$DATA" hydra.sweeper.n_trials=12 \
           hydra.sweeper.objective=time_to_target report.target=0.95
         grep -h "^study" "$RES"/search_*.log | tee -a "$RES/times.txt" ;;
+      slurm_search)  # the search's first sweep locally, then through Slurm on this node (one allocation at a time: one GPU)
+        sinfo -h >/dev/null 2>&1 || bash scripts/slurm_gpu_node.sh .device/debs >"$RES/slurm_up.log" 2>&1 \
+          || { tail -20 "$RES/slurm_up.log"; continue; }
+        SEARCH=(hydra/sweeper=search "hidden=choice(512,1024,2048)" "lr=tag(log,interval(0.02,0.5))" epochs=3
+          "data.dir=$DATA" hydra.sweeper.n_trials=12)
+        run search_local "$ROOT" "${SEARCH[@]}"
+        run search_slurm "$ROOT" "${SEARCH[@]}" launcher=slurm launcher.partition=gpu launcher.timeout_min=10 \
+          launcher.array_parallelism=1
+        grep -h "^study\|slurm job" "$RES"/search_local.log "$RES"/search_slurm.log | tee -a "$RES/times.txt" ;;
       pytest)
         PYTHONPATH="$ROOT:/tmp/site" python3 -m pytest -m gpu -q -p no:cacheprovider tests 2>&1 | tail -40 \
           | tee "$RES/pytest_gpu.txt" ;;
