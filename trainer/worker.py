@@ -152,11 +152,9 @@ def _next_ticket(queue: Path, name: str, world: parallel.World, waiting: list, w
     """A streaming queue's worker, between points: rank 0 waits for a ticket or the seal, landing
     its checks meanwhile (their results are what the search waits for); False: the sweeper is gone,
     or released this worker."""
-
-    def land() -> None:
-        _settle(waiting, worker, block=False)
-
-    ok = queue_files.wait_ticket(queue, land, name) if world.rank == 0 else True
+    ok = True
+    if world.rank == 0:
+        ok = queue_files.wait_ticket(queue, lambda: _settle(waiting, worker, block=False), name)
     return bool(parallel.share(world.comm, ok))  # the other ranks asleep meanwhile
 
 

@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from sweeper.report.resources import UNITS
 from trainer import metrics
 
 COST_KEYS = ("hidden", "batch_size", "nproc", "device", "dtype", "gpu.gemm")
@@ -69,7 +70,7 @@ def rates(runs: Iterable[Measured]) -> dict[tuple[str, ...], Rate]:
 
 def from_run(params: Mapping[str, str], values: Mapping[str, float]) -> Measured | None:
     """A finished run's cost record; None for a run that recorded no device-seconds."""
-    for kind in ("gpu", "cpu"):
+    for kind in UNITS:
         held = values.get(metrics.device_seconds(kind))
         if held is None:
             continue
@@ -99,9 +100,6 @@ def measured(uri: str, experiment: str) -> list[Measured]:
     )
     out = (from_run(r.data.params, r.data.metrics) for r in runs)
     return [m for m in out if m is not None]
-
-
-UNITS = {"gpu": "GPU", "cpu": "core"}
 
 
 def said(seconds: float, kind: str) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from sweeper import display
 from sweeper.plan import cost
 from sweeper.points import Point
+from sweeper.report.resources import UNITS
 from trainer import data
 from trainer.errors import ConfigError
 from trainer.record.run_record import flat_params
@@ -83,9 +84,7 @@ def cost_line(costs: list[tuple[float, str] | None], store: str) -> str:
     totals: dict[str, float] = {}
     for seconds, kind in known:
         totals[kind] = totals.get(kind, 0.0) + seconds
-    said = " and ".join(
-        f"{s:.4g} {cost.UNITS[k]}-seconds ({s / 3600:.3g} {cost.UNITS[k]}-hours)" for k, s in totals.items()
-    )
+    said = " and ".join(f"{s:.4g} {UNITS[k]}-seconds ({s / 3600:.3g} {UNITS[k]}-hours)" for k, s in totals.items())
     line = f"estimate: about {said} for {len(known)} of {len(costs)} points, from earlier runs of their shape ({shape})"
     missing = len(costs) - len(known)
     if missing:

@@ -253,8 +253,7 @@ class SlurmRunner:
         shares = share(self.launcher.array_parallelism, [len(qs) for qs in by_shape.values()])
         for (shape, qs), at_once in zip(by_shape.items(), shares):
             names = [pool.new_name() for _ in qs]
-            env, launch = {**q.env, **self.env(shape)}, self.launch(shape)
-            calls = [(run_worker, str(q.dir), n, q.nproc, q.mpiexec, env, launch) for q, n in zip(qs, names)]
+            calls = [self._worker_call(q, n) for q, n in zip(qs, names)]
             jobs = self._submit(
                 shape, max(len(q.points) for q in qs), calls, at_once, [[p.name for p in q.points] for q in qs]
             )
@@ -274,19 +273,16 @@ class SlurmRunner:
                 if live >= self.launcher.array_parallelism:
                     return
                 name = pool.new_name()
-                call = (
-                    run_worker,
-                    str(q.dir),
-                    name,
-                    q.nproc,
-                    q.mpiexec,
-                    {**q.env, **self.env(shape)},
-                    self.launch(shape),
-                )
+                call = self._worker_call(q, name)
                 (job,) = self._submit(shape, self.launcher.points_per_job, [call], 1, [["search trials"]])
                 q.workers[name] = job
                 live += 1
                 console.print(f"slurm job {job.job_id} ({shape.describe()}): a search's worker")
+
+    def _worker_call(self, q: warm.Queue, name: str) -> tuple:
+        """A warm worker's job body and its arguments: worker ``name`` serving queue ``q``."""
+        shape = q.points[0].shape
+        return (run_worker, str(q.dir), name, q.nproc, q.mpiexec, {**q.env, **self.env(shape)}, self.launch(shape))
 
     def _release_idle(self) -> None:
         """A search's worker with no trial in hand gives its allocation back while another shape's
@@ -301,7 +297,7 @@ class SlurmRunner:
         if not waiting:
             return
         for q in queues:
-            if q in waiting or not warm.idle(q):
+            if q in waiting or not q.idle():
                 continue
             for name in q.live():
                 self._let_go(q, name)

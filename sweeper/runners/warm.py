@@ -110,14 +110,14 @@ class Queue:
     def live(self) -> list[str]:
         return [n for n in self.workers if n not in self.ended]
 
-
-def idle(q: Queue) -> bool:
-    """A streaming queue whose workers hold no trial: every ticket claimed, and each claimed
-    point's result written."""
-    if len(q.ticketed) > len(q.claims()):
-        return False
-    dirs = {p.index: p.dir for p in q.points}
-    return all((dirs[i] / protocol.RESULT).exists() for i in q.claims() if i in dirs)
+    def idle(self) -> bool:
+        """A streaming queue whose workers hold no point: every ticket claimed, each claimed point's
+        result written."""
+        claims = self.claims()
+        if len(self.ticketed) > len(claims):
+            return False
+        dirs = {p.index: p.dir for p in self.points}
+        return all((dirs[i] / protocol.RESULT).exists() for i in claims if i in dirs)
 
 
 def withdraw_unclaimed(sweep_dir: Path) -> int:
