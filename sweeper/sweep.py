@@ -216,6 +216,8 @@ class Sweep:
             display.summary(outcomes, report)  # with the report's speedups, diverged points and best
             for h in spent(outcomes, retimed.runs):  # beside the sweep's wall time
                 display.console.print(f"held: {h.said()}, over {time.time() - process_start():.1f} s of the sweep")
+            if allocated := runner.allocated():  # what the site bills: every allocation, requeued ones too
+                display.console.print(f"allocated: {allocated}")
             if away is not None:
                 said = str(away).splitlines()[0][:200]
                 display.console.print(

@@ -174,7 +174,6 @@ def test_a_sweep_whose_workers_never_load_mlflow_records_every_run(tmp_path, mlf
     # Unit pixels and fan-in weights: 8 steps agree with the CPU to float32 rounding at every nproc (the
     # course's byte pixels amplify the ranks' rounding: 0.31 at hidden=24, nproc=2, standalone too).
     args = ["hidden=16,24", "nproc=1,2", *FAST, "launcher.cpus=2", "data.scale=unit", "model.init=fan_in"]
-    args.append("sweep.retime=false")  # the points alone: tests/test_retime.py times them again
     held = sweep(args, tmp_path, env=env)
     release.touch()
     assert held.returncode == 0, held.stdout + held.stderr

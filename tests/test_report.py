@@ -43,7 +43,7 @@ def study_sweep(tmp_path_factory: pytest.TempPathFactory):
     mp.setenv("MLFLOW_TRACKING_URI", uri)
     mp.setenv("SWEEPSCALE_CACHE", str(tmp / "cache"))
     mp.setenv("SWEEPSCALE_TIMING_DIR", str(tmp / "timing"))  # this sweep's runs only (conftest.timing_folder)
-    result = sweep(["nproc=1,2", "batch_size=40,80", "lr=0.1,0.5", *TINY, "sweep.retime=false"], tmp, figures=True)
+    result = sweep(["nproc=1,2", "batch_size=40,80", "lr=0.1,0.5", *TINY], tmp, figures=True)
     yield tmp, uri, result
     mp.undo()
 

@@ -75,7 +75,6 @@ def test_a_sweep_of_one_and_two_node_shapes_spans_the_nodes(tmp_path, bridge_ser
         "model.init=fan_in",
         "data.scale=unit",
     ]  # pixels in [0, 1]: float64 sums differ by ~1e-15, not bytes' 1e-11
-    grid += ["sweep.retime=false"]  # one start of each shape is what this test needs (retiming: test_retime)
     experiment = f"nodes-{time.time_ns()}"
     result = sweep([*grid, f"mlflow.experiment={experiment}"], tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -163,6 +162,9 @@ def test_a_node_going_down_mid_sweep_requeues_only_its_point(tmp_path, mlflow_ur
     hit, spared = by_job[jobs["node2"]], by_job[jobs["node1"]]
     assert hit.data.tags.get(metrics.TAG_RESTARTS) == "1" and metrics.TAG_RESUMED_FROM_EPOCH in hit.data.tags
     assert metrics.TAG_RESTARTS not in spared.data.tags
+    said = " ".join(out.split())  # the requeue told as it happened, with its cause; its allocations counted
+    assert f"slurm job {jobs['node2']}: requeued after NODE_FAIL" in said, out
+    assert "3 allocation(s), 1 of them ended by a requeue" in said, out
     for run in (hit, spared):  # every step once, none lost
         steps = sorted(m.step for m in _history(mlflow_uri, run.info.run_id, metrics.TRAIN_LOSS))
         assert steps == list(range(EPOCHS * 4))

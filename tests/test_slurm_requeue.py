@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from sweeper.runners import partition
 from tests.conftest import ROOT
 from tests.test_sweeper import FAST, SLURM, runs, slurm, sweep
 from tests.test_warm import only_sweep
@@ -90,6 +91,7 @@ def test_requeued_and_time_limited_jobs_resume_into_the_same_run(tmp_path, mlflo
         # 3. The warning again, no requeue left: the run ends FAILED, saying how far it got.
         subprocess.run(["scancel", "--signal=USR2", job], check=True)
         out, _ = proc.communicate(timeout=120)
+        wait_for("the worker's job to end after its failed point", lambda: not job_state(job))
     finally:
         proc.kill()  # a sweep that hangs must not outlive the test (nor its job)
         if job:
@@ -108,6 +110,10 @@ def test_requeued_and_time_limited_jobs_resume_into_the_same_run(tmp_path, mlflo
     header = next(line for line in out.splitlines() if "restarts" in line).split("┃")
     row = next(line for line in out.splitlines() if line.startswith("│ hidden=16")).split("│")
     assert row[[h.strip() for h in header].index("restarts")].strip() == "2", out  # the closing table shows them
+    said = " ".join(out.split())  # each requeue told with sacct's cause, and every allocation counted
+    assert said.count(f"slurm job {job}: requeued after REQUEUED") == 2, out
+    assert "allocated: 3 allocation(s), 2 of them ended by a requeue" in said, out
+    assert partition.accounting([job])[job].startswith("FAILED")  # the job failed with its point, as sacct says
 
 
 def _history(uri: str, run_id: str, key: str):

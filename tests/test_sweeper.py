@@ -16,6 +16,7 @@ import pytest
 from hydra import compose as hydra_compose
 from hydra import initialize_config_dir
 
+from sweeper.runners import partition
 from tests.conftest import NO_TIMING_FLOOR, ROOT, gpu_available
 from trainer import metrics
 from trainer.record import store
@@ -25,13 +26,23 @@ FAST = ["epochs=2", "batch_size=50", "data.n_train=200", "data.n_test=50", *NO_T
 
 
 def sweep(
-    args: list[str], cwd: Path, timeout: float = 240, env: dict | None = None, figures: bool = False
+    args: list[str],
+    cwd: Path,
+    timeout: float = 240,
+    env: dict | None = None,
+    figures: bool = False,
+    retime: bool = False,
 ) -> subprocess.CompletedProcess:
     """The sweep's command in ``cwd``. One still running after ``timeout`` is stopped as a user's
     Ctrl-C would (its jobs cancelled) and the test fails with what it printed, its points' logs and
     the cluster's queue: a hang in CI then says where. Its report without figures unless ``figures``:
-    drawing them (matplotlib in a child) was 2.3 s of CPU a sweep, most of the suite's sweeps reading none."""
-    cmd = [sys.executable, "-m", "sweeper", "-m", *args, *([] if figures else ["report.figures=false"])]
+    drawing them (matplotlib in a child) was 2.3 s of CPU a sweep, most of the suite's sweeps reading
+    none; and none of its points timed again alone unless ``retime`` (or the args say): that second
+    round was a third of a small sweep's CPU (4.8 of 15.0 s), and tests/test_retime.py tests it."""
+    extra = [] if figures else ["report.figures=false"]
+    if not retime and not any(a.startswith("sweep.retime=") for a in args):
+        extra.append("sweep.retime=false")
+    cmd = [sys.executable, "-m", "sweeper", "-m", *args, *extra]
     pipe = subprocess.PIPE
     proc = subprocess.Popen(cmd, cwd=cwd, stdout=pipe, stderr=pipe, text=True, env=env or os.environ)
     try:
@@ -424,7 +435,7 @@ SLURM = ["launcher=slurm", "launcher.timeout_min=10"]  # ranks per node: the par
 @slurm
 def test_slurm_sweep_world_sizes_failures_and_resume(tmp_path, mlflow_uri):
     """The README's Slurm example on the one-node CI cluster (small data): ranks per node from the partition."""
-    args = ["hidden=512,1024", "nproc=1,2", "launcher=slurm", "launcher.timeout_min=30", *FAST, "sweep.retime=false"]
+    args = ["hidden=512,1024", "nproc=1,2", "launcher=slurm", "launcher.timeout_min=30", *FAST]
     result = sweep(args, tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     (parent,) = parents(mlflow_uri)
@@ -495,11 +506,24 @@ def test_cold_points_slurm_holds_count_as_queued(tmp_path, mlflow_uri):
 
 @slurm
 def test_slurm_failing_point_leaves_others_finished(tmp_path, mlflow_uri):
-    result = sweep(["hidden=16", "nproc=1,2", *FAST, *SLURM, "fault.rank=1", "fault.iteration=1"], tmp_path)
+    """Of each shape's two points one fails (iteration 1000 is never reached) and the other
+    finishes; a failed point's job is FAILED in sacct too: on one rank the warm worker served both
+    points, then ended its job failed, and no other job was started for that shape."""
+    args = ["hidden=16", "nproc=1,2", *FAST, *SLURM, "fault.rank=0", "fault.iteration=1,1000"]
+    result = sweep(args, tmp_path)
     assert result.returncode == 1
     (parent,) = parents(mlflow_uri)
-    kids = children_of(mlflow_uri, parent.info.run_id)
-    assert kids["nproc=1"].info.status == "FINISHED" and kids["nproc=2"].info.status == "FAILED"
+    kids = children_of(mlflow_uri, parent.info.run_id).values()
+    point = {f"{r.data.params['nproc']}/{r.data.params['fault.iteration']}": r for r in kids}
+    status = {name: r.info.status for name, r in point.items()}
+    assert status == {"1/1": "FAILED", "1/1000": "FINISHED", "2/1": "FAILED", "2/1000": "FINISHED"}
+    tags = {name: r.data.tags for name, r in point.items()}  # an array task's id as sacct names it, else the job's
+    job = {name: t.get(metrics.TAG_SLURM_ARRAY) or t[metrics.TAG_SLURM_JOB] for name, t in tags.items()}
+    assert job["1/1"] == job["1/1000"], job  # one allocation served nproc=1's points
+    said = partition.accounting([job["1/1"], job["2/1"]])
+    assert said[job["1/1"]].startswith("FAILED") and said[job["2/1"]].startswith("FAILED"), said
+    jobs = [line for line in result.stdout.splitlines() if line.startswith("slurm job ")]
+    assert sum("x 1 task(s)" in line for line in jobs) == 1, jobs
 
 
 @slurm
@@ -721,7 +745,7 @@ def test_the_headline_grid_at_defaults_converges_on_the_embedded_digits(tmp_path
     """hidden=512,1024,2048 at every default (CPU): no point diverges, each learns (issue #29)."""
     import csv
 
-    result = sweep(["hidden=512,1024,2048", "device=cpu"], tmp_path, timeout=400)
+    result = sweep(["hidden=512,1024,2048", "device=cpu"], tmp_path, timeout=400, retime=True)  # every default
     assert result.returncode == 0, result.stdout + result.stderr
     with open(next(tmp_path.glob("multirun/*/*/report/points.csv"))) as f:
         rows = {row["point"]: row for row in csv.DictReader(f)}
@@ -739,7 +763,7 @@ def test_more_ranks_than_cores_share_them_flagged_and_not_timed_again(tmp_path, 
     import csv
 
     many = 3  # ranks on launcher.cpus=2
-    result = sweep(["hidden=16", f"nproc=1,{many}", *FAST, "launcher.cpus=2"], tmp_path, timeout=300)
+    result = sweep(["hidden=16", f"nproc=1,{many}", *FAST, "launcher.cpus=2"], tmp_path, timeout=300, retime=True)
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"nproc={many} on 2 CPU core(s): its ranks share them" in result.stdout
     with open(next(tmp_path.glob("multirun/*/*/report/points.csv"))) as f:
@@ -837,7 +861,7 @@ def test_a_sweep_totals_what_its_points_held(tmp_path, mlflow_uri):
     """#35: the parent run holds the sum of its points' core-seconds (GPU-seconds on GPUs), in all,
     training, and per nproc; the closing lines say the total beside the sweep's wall time, and the
     report's summary says it too."""
-    result = sweep(["hidden=16", "nproc=1,2", *FAST, "sweep.retime=false"], tmp_path)  # tests/test_retime.py: with
+    result = sweep(["hidden=16", "nproc=1,2", *FAST], tmp_path)  # tests/test_retime.py: with
     assert result.returncode == 0, result.stdout + result.stderr
     (parent,) = parents(mlflow_uri)
     kids = children_of(mlflow_uri, parent.info.run_id)

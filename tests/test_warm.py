@@ -55,7 +55,7 @@ def test_warm_and_cold_give_bit_identical_weights(device, tmp_path):
     # Two points per shape, so that one worker serves several of them one after another.
     if "device=gpu" in device and _gpus() < 2:
         pytest.skip("nproc=2 on GPUs with NCCL needs 2 GPUs: this machine has fewer")
-    args = ["hidden=16,24", "nproc=1,2", *FAST, *device, "data.shuffle=true", "save.weights=true", "sweep.retime=false"]
+    args = ["hidden=16,24", "nproc=1,2", *FAST, *device, "data.shuffle=true", "save.weights=true"]
     kids = {}
     for mode in ("true", "false"):
         uri = f"sqlite:///{tmp_path / f'warm-{mode}.db'}"

@@ -13,10 +13,11 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any, NoReturn
 
 from sweeper.job import mpich_shm
-from trainer.lifecycle import requeue
+from trainer.lifecycle import queue_files, requeue
 from trainer.lifecycle.requeue import REQUEUE_STATUS
 
 POINT_CONFIG = "point"
@@ -28,6 +29,11 @@ class PointFailedError(RuntimeError):
 
 class PointCancelledError(PointFailedError):
     """The trainer (or worker) ended on SIGTERM: scancel, the sweep's Ctrl-C, a time limit."""
+
+
+# A warm worker that served its queue, some of whose points failed, fails its job (sacct FAILED, as
+# a cold job of a failed point); the sweep starts no worker in its place.
+SOME_FAILED = "served its points; some failed:"
 
 
 TERMINATED = (143, -15)  # 128 + SIGTERM as the trainer returns it; -15 when the signal ended it
@@ -47,7 +53,10 @@ def run_worker(
     cmd = [sys.executable, "-m", "trainer.worker", queue, "--name", name, "--nproc", str(nproc)]
     if mpiexec:
         cmd += ["--mpiexec", mpiexec]
-    return _run([*(launch or []), *cmd], env, f"worker {name}", f"queue {queue}")
+    _run([*(launch or []), *cmd], env, f"worker {name}", f"queue {queue}")
+    if failed := queue_files.failed_claims(Path(queue), name):
+        raise PointFailedError(f"worker {name} {SOME_FAILED} {', '.join(failed)}")
+    return 0
 
 
 def _run(cmd: list[str], env: dict[str, str], who: str, where: str) -> int:

@@ -99,6 +99,11 @@ class Runner(Protocol):
         elapsed time); empty where there is no scheduler."""
         ...
 
+    def allocated(self) -> str:
+        """What the scheduler allocated to the sweep's jobs, every run of each (requeues included), in
+        a line; empty where no scheduler keeps accounts."""
+        ...
+
     def cancel_pending(self, job_name: str) -> list[str]:
         """Cancel the jobs a dead sweeper of this name left waiting in the scheduler's queue (they
         would train points the sweep that closed it runs); their ids, empty where nothing waits."""
@@ -151,6 +156,9 @@ class WithoutScheduler:
 
     def accounting(self, job_ids: list[str]) -> dict[str, str]:
         return {}
+
+    def allocated(self) -> str:
+        return ""
 
     def cancel_pending(self, job_name: str) -> list[str]:
         return []

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import math
 import subprocess
-import time
 from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -21,7 +20,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from sweeper.display import console
 from sweeper.job.point_job import run_point, run_worker
 from sweeper.points import Point, Shape
-from sweeper.runners import bootstrap, partition, warm
+from sweeper.runners import bootstrap, partition, slurm_queue, warm
 from sweeper.runners.base import SchedulerAwayError
 from sweeper.runners.sbatch import sbatch_preview, share, slurm_parameters
 from trainer.errors import ConfigError
@@ -33,9 +32,6 @@ if TYPE_CHECKING:
     from omegaconf import DictConfig
 
     from sweeper.runners.base import Job
-
-NOT_YET = "not yet scheduled"  # how the progress line names squeue's reason "None" for a pending job
-PENDING_POLL_S = 5.0  # squeue, for the progress line's pending jobs: gently on a busy controller
 
 
 class SlurmRunner:
@@ -50,10 +46,7 @@ class SlurmRunner:
         self._partition: partition.Partition | None = None
         self.away: SchedulerAwayError | None = None  # Slurm does not answer here: a preview goes on without it
         self._bootstrap: bootstrap.Bootstrap | None = None
-        self.submitted: list[str] = []  # the ids of jobs not seen ended yet, for squeue
-        self.jobs: dict[str, Job] = {}
-        self._pending: tuple[float, dict[str, int]] = (0.0, {})  # when squeue was last asked, and its answer
-        self._pending_ids: set[str] = set()  # the jobs squeue last said were pending
+        self.watch = slurm_queue.JobsWatch(console.print)  # what squeue and sacct say of the jobs submitted
 
     def partition_limits(self) -> partition.Partition:
         """The partition's limits, asked of Slurm once (after its own word on a named partition)."""
@@ -292,7 +285,8 @@ class SlurmRunner:
         waiting = [
             q
             for q in queues
-            if len(q.ticketed) > len(q.claims()) and all(q.workers[n].job_id in self._pending_ids for n in q.live())
+            if len(q.ticketed) > len(q.claims())
+            and all(q.workers[n].job_id in self.watch.pending_ids for n in q.live())
         ]
         if not waiting:
             return
@@ -333,42 +327,17 @@ class SlurmRunner:
         from sweeper.runners.slurm_job import submit_array  # submitit is heavy: once there is something to submit
 
         jobs = submit_array(self.folder / "%j", self.parameters(shape, n_points, at_once), calls, points)
-        self.submitted += [job.job_id for job in jobs]
-        self.jobs.update({job.job_id: job for job in jobs})
+        self.watch.add(jobs)
         return jobs
 
     def pending(self) -> dict[str, int]:
-        """The sweep's pending jobs by Slurm's reason, from squeue at most every PENDING_POLL_S. A job
-        squeue no longer lists has ended: submitit is asked to look now (it polls sacct lazily, up to
-        minutes apart, and a job killed before it wrote its result would be seen that late)."""
-        asked_at, counts = self._pending
-        if not self.submitted or time.monotonic() - asked_at < PENDING_POLL_S:
-            return counts
-        cmd = ["squeue", "-h", "-r", "-o", "%i|%T|%r", "-j", ",".join(self.submitted)]
-        try:
-            out = subprocess.run(cmd, capture_output=True, text=True, timeout=30).stdout
-        except (OSError, subprocess.TimeoutExpired):
-            return counts
-        rows = [line.strip().split("|") for line in out.splitlines() if line.count("|") == 2]
-        # a job the scheduler has not looked at yet says "None": it waits all the same
-        counts = dict(Counter(NOT_YET if r == "None" else r for _, state, r in rows if state == "PENDING"))
-        self._pending_ids = {job_id for job_id, state, _ in rows if state == "PENDING"}
-        listed = {job_id for job_id, _, _ in rows}
-        for job_id in [j for j in self.submitted if j not in listed]:  # until sacct, which lags, says so too
-            if self.jobs[job_id].done(force_check=True):
-                self.submitted.remove(job_id)
-        self._pending = (time.monotonic(), counts)
-        return counts
+        return self.watch.pending()
 
     def live(self, job_ids: list[str]) -> set[str]:
-        if not job_ids:
-            return set()
-        cmd = ["squeue", "-h", "-o", "%A", "-j", ",".join(sorted(set(job_ids)))]
-        try:
-            out = subprocess.run(cmd, capture_output=True, text=True, timeout=30).stdout
-        except (OSError, subprocess.TimeoutExpired):
-            return set()
-        return set(out.split()) & set(job_ids)
+        return self.watch.live(job_ids)
+
+    def allocated(self) -> str:
+        return self.watch.allocated()
 
     def accounting(self, job_ids: list[str]) -> dict[str, str]:
         return partition.accounting(job_ids)

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from omegaconf import OmegaConf
 
 from sweeper.job import job_end
-from sweeper.job.point_job import PointFailedError
+from sweeper.job.point_job import SOME_FAILED, PointFailedError
 from sweeper.runners.sbatch import SETUP_FAILED
 from trainer.gpu import policy
 from trainer.lifecycle import queue_files as protocol
@@ -304,7 +304,7 @@ class WarmPool:
                     q.given_up = f"CANCELLED: the worker's job was cancelled before this point ran ({how})"
                 elif SETUP_FAILED in how:  # the same lines fail every allocation: no restart
                     q.given_up = how
-                elif job.job_id in _UNSTARTED or job.exception() is not None:
+                elif job.job_id in _UNSTARTED or (job.exception() is not None and SOME_FAILED not in how):
                     q.restarts += 1
                     if q.restarts > self.max_restarts:
                         q.given_up = f"gave up after {self.max_restarts} worker restart(s); the last: {how}"

@@ -131,6 +131,21 @@ def write_result(point_dir: Path, status: int, worker: str, seconds: float) -> N
     os.replace(tmp, point_dir / RESULT)
 
 
+def failed_claims(queue: Path, name: str) -> list[str]:
+    """The folders' names of the points worker ``name`` claimed whose result says they failed (a
+    status other than 0): its job body ends the job failed for them, so that Slurm's accounting agrees."""
+    failed = []
+    for mine in sorted((queue / CLAIMED).glob(f"*.{name}")):
+        point_dir = Path(mine.read_text().strip())
+        try:
+            status = json.loads((point_dir / RESULT).read_text())["status"]
+        except (OSError, ValueError, KeyError):
+            continue  # no result: the worker ended without it, which its own status says
+        if status:
+            failed.append(point_dir.name)
+    return failed
+
+
 def write_trained(point_dir: Path) -> None:
     """The point's run has ended its training (its metrics are in the store): a search needs no more."""
     (point_dir / TRAINED).touch()
