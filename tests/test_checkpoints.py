@@ -59,6 +59,11 @@ def test_a_killed_run_resumes_into_the_same_run(idx_dir, mlflow_uri, tmp_path):
     assert_complete(client, again, epochs=3, batches=9)  # 57 samples in batches of 7
     assert again.data.metrics[metrics.weight_error("max")] < 1e-12  # vs the uninterrupted NumPy replay
     assert not (ck / checkpoint.FILE).exists()  # a FINISHED run leaves none
+    # Its core-seconds count the killed process's epoch too (#50: they counted the last start's only).
+    epoch_s = [m.value for m in client.get_metric_history(run.info.run_id, metrics.EPOCH_TIME)]
+    training = again.data.metrics[metrics.device_seconds("cpu", training=True)]
+    assert len(epoch_s) == 3 and training == pytest.approx(2 * sum(epoch_s)), (training, epoch_s)
+    assert again.data.metrics[metrics.device_seconds("cpu")] > training
 
 
 def test_the_checks_weights_taken_before_a_kill_survive_in_the_checkpoint(idx_dir, mlflow_uri, tmp_path):

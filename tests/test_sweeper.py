@@ -508,8 +508,9 @@ def test_cold_points_slurm_holds_count_as_queued(tmp_path, mlflow_uri):
 def test_slurm_failing_point_leaves_others_finished(tmp_path, mlflow_uri):
     """Of each shape's two points one fails (iteration 1000 is never reached) and the other
     finishes; a failed point's job is FAILED in sacct too: on one rank the warm worker served both
-    points, then ended its job failed, and no other job was started for that shape."""
-    args = ["hidden=16", "nproc=1,2", *FAST, *SLURM, "fault.rank=0", "fault.iteration=1,1000"]
+    points, then ended its job failed, and no other job was started for that shape. (The failing
+    points come last in their queues: nproc=2's aborts its world, and no worker is needed after it.)"""
+    args = ["hidden=16", "nproc=1,2", *FAST, *SLURM, "fault.rank=0", "fault.iteration=1000,1"]
     result = sweep(args, tmp_path)
     assert result.returncode == 1
     (parent,) = parents(mlflow_uri)

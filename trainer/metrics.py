@@ -45,7 +45,8 @@ QUANTILES = {"q1": 0.25, "q3": 0.75}  # phase_quantile's names and their quantil
 
 def device_seconds(kind: str, training: bool = False) -> str:
     """Ranks x seconds a run held its devices (kind gpu: GPU-seconds; cpu: core-seconds, a rank a
-    core), from the set-up of its training to its end; ``training``: the part its epochs took. The
+    core), from the set-up of its training to its end, in every run of its job (a resumed run's
+    earlier ones up to its checkpoint); ``training``: the part its epochs took. The
     parent run holds the sweep's totals under the same names, and per nproc under ``..._nprocN``."""
     return f"resources/{kind}_{'training_' if training else ''}s"
 

@@ -253,6 +253,8 @@ def train_on_rank(
     ``ckpt``: the checkpoint to resume from. Rank 0 ends its run FINISHED and returns its check, to
     land once the reference is there; other ranks None."""
     held_from = time.perf_counter()  # the devices are the run's from here (GPU-seconds)
+    if ckpt is not None:  # and were in the job's earlier runs, up to its checkpoint
+        held_from -= ckpt.held_s
     run = set_up(cfg, options, world, backend, ds, ckpt)
     xp, params, schedule, layout, (x, y) = run.xp, run.params, run.schedule, run.layout, run.train
     clock = PhaseClock(STEP_PHASES, gpu=run.on_gpu, nvtx=options.profile)
@@ -270,8 +272,9 @@ def train_on_rank(
     resume_key = checkpoint.resume_key(cfg) if recorder is not None and cfg.save.checkpoint_dir else ""
     origin = process_start() if origin is None else origin
     end = EpochEnd(
-        cfg, world.comm, recorder, backend.to_host, layout, params, run.test, clock, origin, snapshot, resume_key
-    )
+        cfg, world.comm, recorder, backend.to_host, layout, params, run.test, clock, origin, snapshot, resume_key,
+        training_s=0.0 if ckpt is None else ckpt.training_s, held_from=held_from,
+    )  # fmt: skip
 
     def time_epochs(epochs: int) -> PhaseClock:  # the timing pass: steps on a scratch copy, the run's weights kept
         timed, scratch = PhaseClock(STEP_PHASES, gpu=run.on_gpu), params.copy()

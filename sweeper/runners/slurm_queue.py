@@ -45,7 +45,7 @@ class JobsWatch:
         self._pending: tuple[float, dict[str, int]] = (0.0, {})  # when squeue was last asked, and its answer
         self._restarts: dict[str, int] = {}  # job -> the requeues already told
         self._causes: dict[tuple[str, int], str] = {}  # (job, restarts) -> the cause told
-        self._unnamed: Counter[tuple[str, int]] = Counter()  # polls a requeue has waited for its cause
+        self._unnamed: Counter[str] = Counter()  # polls the job's newest requeue has waited for its cause
 
     def add(self, jobs: list[Job]) -> None:
         self.submitted += [job.job_id for job in jobs]
@@ -103,6 +103,7 @@ class JobsWatch:
             self._causes[job, restart] = said
             self.say(f"slurm job {job}: requeued after {said} (restart {restart}){then}")
         self._restarts[job] = max(len(causes), self._restarts.get(job, 0))
+        self._unnamed[job] = 0
 
     def live(self, job_ids: list[str]) -> set[str]:
         """Which of these jobs squeue still lists (running or waiting)."""

@@ -4,6 +4,7 @@ warning (a checkpoint is there to resume from)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,7 +40,8 @@ class EpochEnd:
     snapshot: Snapshot | None
     resume_key: str = ""  # the checkpoints' key (hashing the config is not per epoch work)
     last: dict[str, float | None] = field(default_factory=dict)
-    training_s: float = 0.0  # the epochs' time so far
+    training_s: float = 0.0  # the epochs' time so far (a resumed run's: from its checkpoint on)
+    held_from: float = 0.0  # time.perf_counter() when the devices became the run's (moved back on a resume)
 
     def __call__(self, e: EpochResult) -> None:
         self.training_s += e.seconds
@@ -76,7 +78,8 @@ class EpochEnd:
         done = e.first_iteration + len(e.losses)
         acc = np.nan if precision is None else precision
         state = (self.to_host(self.params), e.epoch, done, self.recorder.run_id, self.resume_key)
-        saved = checkpoint.Checkpoint(*state, e.losses, e.batch_sizes, e.seconds, acc, self.snapshot_on_host())
+        held = {"held_s": time.perf_counter() - self.held_from, "training_s": self.training_s}
+        saved = checkpoint.Checkpoint(*state, e.losses, e.batch_sizes, e.seconds, acc, self.snapshot_on_host(), **held)
         checkpoint.save(self.cfg.save.checkpoint_dir, saved)
 
     def snapshot_on_host(self) -> np.ndarray:

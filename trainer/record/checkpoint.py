@@ -5,10 +5,11 @@ temporary file, then a rename), before it logs the epoch's metrics: a process ki
 moment leaves either the previous checkpoint or this one, never half of one. It holds the flat
 weights, the epochs and global steps done, the MLflow run's id, the key of the config that
 computes them, the last epoch's result, which a resumed run logs again if the store never got
-it, and the weights the CPU check compares once they were taken (trainer/lifecycle/check.py). No random
-state is kept because none evolves: the initial weights and each epoch's shuffle are drawn from
-``seed`` alone (model.init_params, loop.epoch_order), so epoch k+1 from a checkpoint of epoch k
-updates exactly as the uninterrupted run does.
+it, the seconds the run has held its devices so far (its GPU- or core-seconds count every
+allocation it trained in), and the weights the CPU check compares once they were taken
+(trainer/lifecycle/check.py). No random state is kept because none evolves: the initial weights
+and each epoch's shuffle are drawn from ``seed`` alone (model.init_params, loop.epoch_order), so
+epoch k+1 from a checkpoint of epoch k updates exactly as the uninterrupted run does.
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ class Checkpoint:
     seconds: float
     precision: float  # NaN without a test set
     snapshot: np.ndarray = field(default_factory=lambda: np.zeros(0))  # the weights the CPU check compares, once taken
+    held_s: float = 0.0  # seconds the run has held its devices, over every run of its job up to this checkpoint
+    training_s: float = 0.0  # the part its epochs took
 
 
 def resume_key(cfg: Any) -> str:
@@ -85,6 +88,8 @@ def load(folder: str | os.PathLike | None, key: str) -> Checkpoint | None:
         seconds=float(fields["seconds"]),
         precision=float(fields["precision"]),
         snapshot=fields.get("snapshot", np.zeros(0)),
+        held_s=float(fields.get("held_s", 0.0)),
+        training_s=float(fields.get("training_s", 0.0)),
     )
     if ckpt.key != key:
         raise ConfigError(
