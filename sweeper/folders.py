@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import shutil
 from pathlib import Path
 
 NOTE_BYTES = 512
@@ -24,6 +25,7 @@ DISK_FULL = (
 CLOSED = "its runs are closed, each saying what it lacks"
 LEFT_RUNNING = "what it could not record stays RUNNING until the next sweep closes it"
 OWNER_FILE = ".sweepscale"  # created exclusively: the sweep that creates it owns the folder
+JOB_FILES = ".submitit"  # the runners' files: submitit's jobs, the warm queues (launcher.folder unset)
 _CLAIMED: set[Path] = set()  # this process's: the sweeper claims the folder, the launcher finds it claimed
 
 
@@ -57,11 +59,13 @@ def claim_folder(base: Path) -> Path:
 
 
 def release_folder(folder: Path) -> None:
-    """Remove a claimed sweep folder that holds nothing but its claim and Hydra's multirun.yaml, and
-    its date folder and the one above (multirun/) where emptied."""
-    if folder.is_dir() and {p.name for p in folder.iterdir()} <= {OWNER_FILE, "multirun.yaml"}:
+    """Remove a claimed sweep folder that holds nothing but its claim, Hydra's multirun.yaml and the
+    runner's job files (a refused sbatch's; no point's folder), and its date folder and the one
+    above (multirun/) where emptied."""
+    if folder.is_dir() and {p.name for p in folder.iterdir()} <= {OWNER_FILE, "multirun.yaml", JOB_FILES}:
         for name in (OWNER_FILE, "multirun.yaml"):
             (folder / name).unlink(missing_ok=True)
+        shutil.rmtree(folder / JOB_FILES, ignore_errors=True)
         folder.rmdir()
         with contextlib.suppress(OSError):  # another sweep's folder is in it
             folder.parent.rmdir()

@@ -607,11 +607,16 @@ def test_a_pending_job_shows_as_pending_with_slurms_reason(tmp_path, mlflow_uri)
 
 @slurm
 def test_a_job_sbatch_refuses_leaves_no_run_running(tmp_path, mlflow_uri):
-    """sbatch refusing the sweep's job (here an option it rejects) ends the sweep and its parent FAILED."""
+    """sbatch refusing the sweep's job (here an option it rejects) stops the sweep with sbatch's words
+    and the keys to look at, before its parent run: the allocations are asked for while the store
+    opens. Nothing is recorded, no job is left, and no folder."""
     result = sweep(["hidden=8", *FAST, *SLURM, "+launcher.sbatch_args.hold=yes"], tmp_path, timeout=60)
-    assert result.returncode != 0 and "sbatch: option '--hold' doesn't allow an argument" in result.stderr
-    (parent,) = runs(mlflow_uri)
-    assert parent.info.status == "FAILED" and "sbatch" in parent.data.tags[metrics.TAG_ERROR]
+    assert result.returncode == 2, result.stdout + result.stderr
+    said = " ".join(result.stderr.split())
+    assert "Error: sbatch refused the job array of 1 node(s) x 1 task(s)" in said, said
+    assert "sbatch: option '--hold' doesn't allow an argument" in said and "check launcher.sbatch_args" in said
+    assert "Traceback" not in result.stderr
+    assert runs(mlflow_uri) == [] and not (tmp_path / "multirun").exists()
 
 
 @slurm

@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
+from sweeper.folders import JOB_FILES
 from trainer.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -168,7 +169,7 @@ def make_runner(launcher: DictConfig, sweep_dir: Path, job_name: str) -> Runner:
     """The runner class named by ``launcher._target_`` (as Hydra's submitit plugin dispatches)."""
     from hydra.utils import get_class
 
-    folder = Path(launcher.folder or sweep_dir / ".submitit").resolve()
+    folder = Path(launcher.folder or sweep_dir / JOB_FILES).resolve()
     runner = get_class(launcher._target_)(launcher, folder, job_name)
     if not isinstance(runner, Runner):
         raise TypeError(f"launcher._target_={launcher._target_} is not a sweeper.runners.base.Runner")
