@@ -2,11 +2,13 @@
 
 Warm (``launcher.warm``, the default): each array task is one allocation whose srun step is a
 worker serving a chunk of ``points_per_job`` points (sweeper/runners/warm.py); its time limit
-covers the chunk. Cold: one array task per point. How the ranks start fits the cluster
-(sweeper/runners/bootstrap.py): each task of a job's srun step runs the job body and becomes one
-MPI rank through srun's PMI, or the job body runs once, without srun, and starts the ranks with
-the MPI's mpiexec inside the allocation. The preview renders the sbatch lines from the same
-parameters the executor is given (sweeper/runners/sbatch.py).
+covers the chunk, and the arrays are submitted before the sweep's store is open (``prestart``),
+their tickets once its parent run exists. Cold: one array task per point. What squeue and sacct
+say of the jobs (pending reasons, requeues, allocations) is sweeper/runners/slurm_queue.py's.
+How the ranks start fits the cluster (sweeper/runners/bootstrap.py): each task of a job's srun
+step runs the job body and becomes one MPI rank through srun's PMI, or the job body runs once,
+without srun, and starts the ranks with the MPI's mpiexec inside the allocation. The preview
+renders the sbatch lines from the same parameters the executor is given (sweeper/runners/sbatch.py).
 """
 
 from __future__ import annotations
