@@ -132,10 +132,14 @@ def run_states(job: str) -> list[str]:
 @dataclass
 class Allocations:
     runs: int = 0  # runs of the jobs (a requeued job's runs each count)
-    requeued: int = 0  # the runs Slurm ended to run their job again
     cpu_s: float = 0.0  # CPUs allocated x the seconds each run lasted
     gpu_s: float = 0.0
     requeues: dict[str, list[str]] = field(default_factory=dict)  # job -> the states of its requeued runs
+
+    @property
+    def requeued(self) -> int:
+        """The runs Slurm ended to run their job again."""
+        return sum(len(states) for states in self.requeues.values())
 
     def said(self) -> str:
         again = f", {self.requeued} of them ended by a requeue" if self.requeued else ""
@@ -160,7 +164,6 @@ def allocations(job_ids: list[str]) -> Allocations:
         alloc = dict(item.split("=", 1) for item in tres.split(",") if "=" in item)
         held.runs += 1
         if state in CAUSES:
-            held.requeued += 1
             held.requeues.setdefault(job, []).append(state)
         held.cpu_s += int(elapsed) * _count(alloc.get("cpu", "0"))
         held.gpu_s += int(elapsed) * _count(alloc.get("gres/gpu", "0"))
