@@ -44,7 +44,8 @@ if ! curl -sf "$URL/health" >/dev/null; then
   log "starting mlflow server on $URL (runs in PostgreSQL, artifacts in $BASE/artifacts)"
   # Each worker answers up to 40 requests at once, each holding a database connection: a pool of 5
   # (+10) made 32 points writing at once fail with "QueuePool limit ... reached" (2 x 40 < PostgreSQL's 100).
-  MLFLOW_SQLALCHEMYSTORE_POOL_SIZE=20 MLFLOW_SQLALCHEMYSTORE_MAX_OVERFLOW=20 \
+  # MLflow's job runner (GenAI scorers; none of ours) is off: it started 8 more processes of 3-4 s of CPU each.
+  MLFLOW_SQLALCHEMYSTORE_POOL_SIZE=20 MLFLOW_SQLALCHEMYSTORE_MAX_OVERFLOW=20 MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false \
   setsid "$MLFLOW" server --host "$MLFLOW_HOST" --port "$MLFLOW_PORT" --workers 2 \
     --backend-store-uri "$DB_URI" --artifacts-destination "$BASE/artifacts" \
     </dev/null >>"$BASE/log/mlflow-server.log" 2>&1 &

@@ -147,3 +147,16 @@ def recorded_parent(uri: str, sweep_id: str, name: str, overrides: str) -> tuple
     parent = client.create_run(exp, run_name=name, tags=tags).info.run_id
     client.log_param(parent, "sweep.overrides", overrides)
     return client, exp, parent, tags
+
+
+def group_commands(pgid: int) -> list[str]:
+    """The command lines of the processes in one process group (a server started with setsid)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            stat = (entry / "stat").read_text()
+            if entry.name.isdigit() and int(stat[stat.rindex(")") + 2 :].split()[2]) == pgid:
+                found.append((entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"))
+        except (OSError, ValueError):  # gone meanwhile, or not a process
+            continue
+    return found

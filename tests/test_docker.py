@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.conftest import group_commands
 from tests.test_tracking_server import free_port, stop
 
 DOCKER = Path(__file__).resolve().parents[1] / "docker"
@@ -104,5 +105,10 @@ def test_the_compose_tracking_command_serves_runs_and_artifacts(tmp_path):
         fetched = client.download_artifacts(run.info.run_id, "note.txt", str(tmp_path / "fetched"))
         assert Path(fetched).read_text() == "through the server"
         assert list((tmp_path / "artifacts").rglob("note.txt"))  # stored by the server, not by the client
+        # MLflow's job runner (8 processes of 3-4 s of CPU each, for GenAI scorers) is off: the server
+        # and its workers only.
+        commands = group_commands(server.pid)
+        assert any("mlflow.server" in c for c in commands), commands
+        assert not [c for c in commands if "huey" in c or "_job_runner" in c], commands
     finally:
         stop(server)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from sweeper.points import TIMED_ALONE
-from tests.conftest import ROOT
+from tests.conftest import ROOT, group_commands
 from tests.test_docker import postgres_answers
 from tests.test_slurm_requeue import start_now, wait_for
 from tests.test_sweeper import FAST, SLURM, runs, slurm, slurm_answers, sweep
@@ -60,8 +60,9 @@ def bridge_server(tmp_path):
     env = {**os.environ, "MLFLOW_HOST": host, "MLFLOW_PORT": port, "BASE": str(base), "MLFLOW": MLFLOW}
     up = subprocess.run(["bash", str(ROOT / "scripts" / "tracking_up.sh")], env=env, capture_output=True, text=True)
     assert up.returncode == 0, up.stdout + up.stderr
-    yield f"http://{host}:{port}"
     pid = int((base / "mlflow-server.pid").read_text())
+    assert not [c for c in group_commands(pid) if "huey" in c or "_job_runner" in c]  # MLflow's job runner is off
+    yield f"http://{host}:{port}"
     os.killpg(os.getpgid(pid), signal.SIGTERM)  # the server and its workers (setsid: their own group)
 
 

@@ -32,7 +32,8 @@ def start_server(folder: Path, port: int) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
     cmd += ["--backend-store-uri", f"sqlite:///{folder / 'server.db'}", "--artifacts-destination", str(folder / "art")]
     log = open(folder / "server.log", "a")  # noqa: SIM115 (the server's lifetime, not a block's)
-    server = subprocess.Popen(cmd, cwd=folder, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}  # as scripts/tracking_up.sh runs it
+    server = subprocess.Popen(cmd, cwd=folder, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:
         try:
