@@ -228,8 +228,7 @@ def test_a_sigterm_during_a_store_write_is_raised_when_the_write_is_whole(mlflow
 OPEN_AT = """
 import sys, time
 from trainer.record import store, tracking
-while time.time() < float(sys.argv[2]):  # every process opens the store at the same instant
-    pass
+time.sleep(max(0.0, float(sys.argv[2]) - time.time()))  # every process opens the store at the same instant
 store.ensure_experiment(store.client(sys.argv[1]), sys.argv[1], "sweepscale")
 """
 
