@@ -64,3 +64,22 @@ def test_a_job_that_left_no_result_leads_with_the_cause_from_its_log(tmp_path):
     assert said.splitlines()[0] == "srun: error: node1: task 0: Out Of Memory", said
     assert said.splitlines()[-1] == "(OUT_OF_MEMORY: job 7 left no result)"
     assert "result.pkl" not in said
+
+
+def test_a_warm_point_whose_run_ended_on_sigterm_reads_cancelled(tmp_path):
+    """A scancel'd warm point whose KILLED had not reached the store when the sweep closed its runs
+    was ended FAILED: its worker's result (status 143) read as a failure."""
+    from sweeper.runners.warm import Ticket
+    from trainer.lifecycle import queue_files
+    from trainer.lifecycle.requeue import KILLED_STATUS
+
+    worker = SimpleNamespace(job_id="2280", paths=None)
+    queue_files.write_result(tmp_path, KILLED_STATUS, "w1@vm:1409", 1.6)
+    killed = Ticket(SimpleNamespace(dir=tmp_path), worker, "w1").exception()
+    assert (
+        job_end.cancelled(killed)
+        and job_end.one_line(killed) == "CANCELLED: point ended on SIGTERM in worker w1@vm:1409"
+    )
+    queue_files.write_result(tmp_path, 2, "w1@vm:1409", 1.6)
+    failed = Ticket(SimpleNamespace(dir=tmp_path), worker, "w1").exception()
+    assert not job_end.cancelled(failed) and "point ended with status 2" in str(failed)

@@ -18,10 +18,11 @@ from typing import TYPE_CHECKING, Any
 from omegaconf import OmegaConf
 
 from sweeper.job import job_end
-from sweeper.job.point_job import SOME_FAILED, PointFailedError
+from sweeper.job.point_job import SOME_FAILED, PointCancelledError, PointFailedError
 from sweeper.runners.sbatch import SETUP_FAILED
 from trainer.gpu import policy
 from trainer.lifecycle import queue_files as protocol
+from trainer.lifecycle.requeue import KILLED_STATUS
 from trainer.ranks.processes import owner
 
 if TYPE_CHECKING:
@@ -161,6 +162,8 @@ class Ticket:
             if result["status"] == 0:
                 return None
             detail = _tail(self.point.dir / "worker_error.txt")
+            if result["status"] == KILLED_STATUS:  # its run ended KILLED: scancel, a Ctrl-C, a time limit
+                return PointCancelledError(f"CANCELLED: point ended on SIGTERM in worker {result['worker']}{detail}")
             return PointFailedError(f"point ended with status {result['status']} in worker {result['worker']}{detail}")
         return PointFailedError(f"worker {self.name} ended while running this point: {ended_how(self.worker)}")
 
