@@ -159,6 +159,7 @@ def test_the_printed_mlflow_lines_open_the_sweeps_runs_in_a_real_browser(study_s
     url = lines[at + 1].strip()
     assert url.startswith(f"http://127.0.0.1:{port}/"), (command, url)
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}  # no venv: the line must work as printed
+    env["MLFLOW_SERVER_ENABLE_JOB_EXECUTION"] = "false"  # MLflow's GenAI job runner: 8 processes, untested here
     ui = subprocess.Popen(shlex.split(command), env=env, cwd=tmp_path, stderr=subprocess.PIPE)
     try:
         deadline = time.time() + 90
