@@ -61,9 +61,12 @@ def bridge_server(tmp_path):
     up = subprocess.run(["bash", str(ROOT / "scripts" / "tracking_up.sh")], env=env, capture_output=True, text=True)
     assert up.returncode == 0, up.stdout + up.stderr
     pid = int((base / "mlflow-server.pid").read_text())
-    assert not [c for c in group_commands(pid) if "huey" in c or "_job_runner" in c]  # MLflow's job runner is off
-    yield f"http://{host}:{port}"
-    os.killpg(os.getpgid(pid), signal.SIGTERM)  # the server and its workers (setsid: their own group)
+    try:
+        yield f"http://{host}:{port}"
+        # MLflow's job runner is off (it would have started by the sweep's end)
+        assert not [c for c in group_commands(pid) if "huey" in c or "_job_runner" in c]
+    finally:
+        os.killpg(os.getpgid(pid), signal.SIGTERM)  # the server and its workers (setsid: their own group)
 
 
 @slurm
