@@ -327,7 +327,9 @@ def test_sigterm_then_ctrl_c_cancels_jobs_and_marks_runs_killed(tmp_path, mlflow
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 130, out
     assert "interrupted: cancelling the sweep's jobs" in out and "sweep summary" in out
-    assert "still cleaning up" in out
+    # Said by whichever phase the Ctrl-Cs landed in: ending the jobs, or (that done before one
+    # landed, as seen once in a full run on two cores) the sweep's table and report.
+    assert "still cleaning up" in out or "interrupted: the sweep's end (its table and report) first" in out, out
     statuses = {r.info.status for r in runs(mlflow_uri)}
     assert statuses == {"KILLED"}, statuses
     # The report of what there is still comes: the killed point listed, nothing drawn.
