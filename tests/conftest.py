@@ -160,3 +160,8 @@ def group_commands(pgid: int) -> list[str]:
         except (OSError, ValueError):  # gone meanwhile, or not a process
             continue
     return found
+
+
+def job_runner_commands(pgid: int) -> list[str]:
+    """MLflow's job runner (``_job_runner`` and its ``huey_consumer``s) among a server's processes."""
+    return [c for c in group_commands(pgid) if "huey" in c or "_job_runner" in c]

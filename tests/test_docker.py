@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import group_commands
+from tests.conftest import group_commands, job_runner_commands
 from tests.test_tracking_server import free_port, stop
 
 DOCKER = Path(__file__).resolve().parents[1] / "docker"
@@ -109,6 +109,6 @@ def test_the_compose_tracking_command_serves_runs_and_artifacts(tmp_path):
         # and its workers only.
         commands = group_commands(server.pid)
         assert any("mlflow.server" in c for c in commands), commands
-        assert not [c for c in commands if "huey" in c or "_job_runner" in c], commands
+        assert not job_runner_commands(server.pid), commands
     finally:
         stop(server)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from sweeper.points import TIMED_ALONE
-from tests.conftest import ROOT, group_commands
+from tests.conftest import ROOT, job_runner_commands
 from tests.test_docker import postgres_answers
 from tests.test_slurm_requeue import start_now, wait_for
 from tests.test_sweeper import FAST, SLURM, runs, slurm, slurm_answers, sweep
@@ -64,7 +64,7 @@ def bridge_server(tmp_path):
     try:
         yield f"http://{host}:{port}"
         # MLflow's job runner is off (it would have started by the sweep's end)
-        assert not [c for c in group_commands(pid) if "huey" in c or "_job_runner" in c]
+        assert not job_runner_commands(pid)
     finally:
         os.killpg(os.getpgid(pid), signal.SIGTERM)  # the server and its workers (setsid: their own group)
 
