@@ -367,17 +367,27 @@ def test_free_keys_under_a_dict_are_accepted():
     assert cfg.mlflow.tags.team == "a"
 
 
-def test_a_key_given_twice_to_the_trainer_is_said(tmp_path):
-    """A single run keeps Hydra's rule (the last wins) and says so in a line (#33); a sweep refuses."""
+@pytest.mark.mpi
+def test_a_key_given_twice_to_the_trainer_is_said(tmp_path, mlflow_uri):
+    """A single run keeps Hydra's rule (the last wins) and says so in a line (#33); a sweep refuses.
+    Once, on two ranks too: the ranks type the config their launcher composed (trainer/lifecycle/launch.py),
+    they do not read the overrides again (each said the note, and composed them: 0.6 CPU-s a rank)."""
     import subprocess
     import sys
 
-    args = ["hidden=16", "hidden=8", "epochs=1", "data.n_train=100", "data.n_test=10", "device=cpu"]
+    from trainer.record import store
+
+    args = ["hidden=16", "hidden=8", "epochs=1", "data.n_train=100", "data.n_test=10", "device=cpu", "nproc=2"]
     result = subprocess.run(
         [sys.executable, "-m", "trainer", *args], cwd=tmp_path, capture_output=True, text=True, timeout=120
     )
     assert result.returncode == 0, result.stderr
-    assert "note: hidden is given twice (hidden=16, hidden=8): the last, hidden=8, is used" in result.stderr
+    note = "note: hidden is given twice (hidden=16, hidden=8): the last, hidden=8, is used"
+    assert result.stderr.count(note) == 1, result.stderr
+    client = store.client(mlflow_uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("sweepscale").experiment_id])
+    assert run.info.status == "FINISHED" and run.data.params["hidden"] == "8"
+    assert run.data.params["nproc"] == "2"
 
 
 def test_a_points_typed_config_from_the_last_points_equals_one_typed_afresh():

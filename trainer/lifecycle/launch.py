@@ -4,6 +4,7 @@ RUNNING forever."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -16,18 +17,26 @@ from trainer.ranks import parallel
 from trainer.record import store
 
 RUN_ID_FILE = "SWEEPSCALE_RUN_ID_FILE"  # where rank 0 writes its run's id for the process that started the ranks
+# The launcher's composed config, its values resolved: each rank types it (trainer/worker_points.py)
+# instead of composing the overrides with Hydra again, 0.6 CPU-s a rank.
+CONFIG_FILE = "SWEEPSCALE_CONFIG_FILE"
 
 
 def launch_ranks(cfg: Any, argv: list[str]) -> int:
     """Start the nproc ranks with mpiexec and wait; a run they left RUNNING (a rank killed: the
     others cannot end it) ends FAILED here, with the cause."""
     mpiexec = parallel.find_mpiexec(cfg.mpi.mpiexec)
+    from omegaconf import OmegaConf
+
     with tempfile.TemporaryDirectory(prefix="sweepscale-") as d:
-        os.environ[RUN_ID_FILE] = f"{d}/run_id"
+        values = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+        Path(d, "config.json").write_text(json.dumps(values))
+        os.environ.update({RUN_ID_FILE: f"{d}/run_id", CONFIG_FILE: f"{d}/config.json"})
         try:
             status = parallel.run_under_mpiexec(mpiexec, cfg.nproc, argv)
         finally:
-            del os.environ[RUN_ID_FILE]
+            for key in (RUN_ID_FILE, CONFIG_FILE):
+                del os.environ[key]
         run_id = Path(d, "run_id").read_text() if Path(d, "run_id").exists() else None
     if status and run_id:
         end_left_running(store.tracking_uri(cfg.mlflow.tracking_uri), run_id, status)
