@@ -30,7 +30,7 @@ else
   fi
 fi
 .venv/bin/ruff check . || exit 1
-# Where PYTHONDONTWRITEBYTECODE is set (this machine and CI's), every sweeper, worker and rank the
+# Where PYTHONDONTWRITEBYTECODE is set (these machines set it), every sweeper, worker and rank the
 # suite starts compiles our modules again: compiled once here, each reads them (0.4 CPU-s of a small sweep's 11).
 .venv/bin/python -m compileall -q sweeper trainer hydra_plugins tests
 .venv/bin/python -m pytest -n 2 --dist loadgroup "$@"
