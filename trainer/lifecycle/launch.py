@@ -12,6 +12,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from omegaconf import OmegaConf
+
 from trainer import metrics
 from trainer.ranks import parallel
 from trainer.record import store
@@ -26,8 +28,6 @@ def launch_ranks(cfg: Any, argv: list[str]) -> int:
     """Start the nproc ranks with mpiexec and wait; a run they left RUNNING (a rank killed: the
     others cannot end it) ends FAILED here, with the cause."""
     mpiexec = parallel.find_mpiexec(cfg.mpi.mpiexec)
-    from omegaconf import OmegaConf
-
     with tempfile.TemporaryDirectory(prefix="sweepscale-") as d:
         values = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
         Path(d, "config.json").write_text(json.dumps(values))
