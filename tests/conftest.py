@@ -29,6 +29,17 @@ for _key in ("COLUMNS", "LINES"):
     os.unsetenv(_key)
 
 
+def sweeper_command(args: list[str], figures: bool = False, retime: bool = False) -> list[str]:
+    """``python -m sweeper -m ARGS``, its report without figures unless ``figures`` and none of its
+    points timed again alone unless ``retime`` (or ARGS say): a 2-point sweep's figures were 6.8 of
+    its 17 CPU-s and its retiming a third of the rest, which most tests read nothing of
+    (tests/test_report.py, tests/test_check.py and tests/test_retime.py test them)."""
+    extra = [] if figures else ["report.figures=false"]
+    if not retime and not any(a.startswith("sweep.retime=") for a in args):
+        extra.append("sweep.retime=false")
+    return [sys.executable, "-m", "sweeper", "-m", *args, *extra]
+
+
 def gpu_available() -> bool:
     try:
         import cupy

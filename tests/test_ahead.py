@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from sweeper.track.ahead import write_parent
+from tests.conftest import sweeper_command
 from tests.test_handoff import held_mlflow
 from tests.test_sweeper import FAST, children_of, parents, runs, sweep
 from trainer import metrics
@@ -43,7 +44,7 @@ def test_a_grid_into_a_new_store_trains_before_its_parent_exists_and_nests_under
     first and its points' configs name it."""
     env, release = held_mlflow(tmp_path, "sweeper/__main__.py")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "sweeper", "-m", "hidden=16,24", "nproc=1", *FAST, "launcher.cpus=1"],
+        sweeper_command(["hidden=16,24", "nproc=1", *FAST, "launcher.cpus=1"]),
         cwd=tmp_path,
         env=env,
         stdout=subprocess.PIPE,
@@ -112,7 +113,7 @@ def test_ctrl_c_while_points_train_ahead_of_the_store_leaves_no_run_open(tmp_pat
     RUNNING or unsent, no point has two runs."""
     # Never released: the sweeper has no MLflow when the Ctrl-C comes.
     env, _release = held_mlflow(tmp_path, "sweeper/__main__.py")
-    cmd = [sys.executable, "-m", "sweeper", "-m", "hidden=8,16", "nproc=1", "epochs=100000", "data.n_train=200"]
+    cmd = sweeper_command(["hidden=8,16", "nproc=1", "epochs=100000", "data.n_train=200"])
     proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.time() + 120
     while time.time() < deadline and not list(tmp_path.glob(f"multirun/*/*/*/{journal.FILE}")):

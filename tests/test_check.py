@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.conftest import sweeper_command
 from tests.test_sweeper import FAST, children_of, parents, runs, sweep
 from tests.test_trainer_runs import COMMON, final_weights, only_run, trainer
 from trainer import data, metrics
@@ -404,7 +405,7 @@ def test_the_reports_figures_are_drawn_while_the_last_check_lands(mlflow_uri, tm
     point = ["hidden=16", *FAST, f"check.cache_dir={tmp_path / 'refs'}", "lr=0.5"]
     runs_of_sweep = lambda: [r for r in runs(mlflow_uri) if "mlflow.parentRunId" in r.data.tags]  # noqa: E731
     lock = hold_lock(tmp_path / "refs", reference_key(point))
-    cmd = [sys.executable, "-m", "sweeper", "-m", *point[:-1], "lr=0.05,0.5"]  # the held point last
+    cmd = sweeper_command([*point[:-1], "lr=0.05,0.5"], figures=True)  # the held point last
     proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         drawn = wait_for(lambda: next(tmp_path.glob("multirun/*/*/report/convergence.png"), None), proc=proc)
@@ -437,7 +438,7 @@ def test_the_weight_errors_figure_is_drawn_once_its_check_lands_and_only_then(ml
     # Two ranks: their sum's order is not the sequential reference's, so the errors are not 0 (a figure).
     point = ["hidden=16", "nproc=2", *FAST, f"check.cache_dir={tmp_path / 'refs'}", "lr=0.5"]
     lock = hold_lock(tmp_path / "refs", reference_key(point))
-    cmd = [sys.executable, "-m", "sweeper", "-m", *point[:-1], "lr=0.05,0.5"]  # the held point last
+    cmd = sweeper_command([*point[:-1], "lr=0.05,0.5"], figures=True)  # the held point last
     proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         drawn = wait_for(lambda: next(tmp_path.glob("multirun/*/*/report/convergence.png"), None), proc=proc)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import csv
 import signal
 import subprocess
-import sys
 import threading
 from pathlib import Path
 
@@ -13,6 +12,7 @@ import pytest
 
 from sweeper.report import families
 from sweeper.report.study import load, point_of
+from tests.conftest import sweeper_command
 from tests.test_report_analysis import point
 from tests.test_sweeper import FAST, children_of, hang_report, parents
 from trainer import metrics
@@ -60,7 +60,7 @@ def watched_sweep(
     """The sweep, with ``company`` (entered) timing on the host until the sweep says it times points
     again (the lock it holds shared would keep an exclusive retiming waiting); (exit status, output).
     ``stop_on``: a line that starts so is answered with SIGTERM instead, ``company`` still timing."""
-    cmd = [sys.executable, "-m", "sweeper", "-m", *args]
+    cmd = sweeper_command(args, retime=True)  # the retiming as its args say
     proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines: list[str] = []
 

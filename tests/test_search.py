@@ -7,12 +7,12 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from tests.conftest import sweeper_command
 from tests.test_sweeper import SLURM, children_of, hang_report, parents, runs, slurm, sweep
 from tests.test_trainer_runs import trainer
 from trainer import metrics
@@ -160,7 +160,7 @@ def process_tree(root: int) -> str:
 def test_an_interrupted_search_asks_its_trials_again(tmp_path, mlflow_uri):
     # Long trials; Ctrl-C (SIGINT to the sweeper) once one trains (the other waits for its cores, or trains too).
     args = [*SPACE, *TINY, "epochs=200", "hydra.sweeper.n_trials=2"]
-    cmd = [sys.executable, "-m", "sweeper", "-m", *args]
+    cmd = sweeper_command(args)
     proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 120
     while sum(r.info.status == "RUNNING" for r in runs(mlflow_uri)) < 2 and time.monotonic() < deadline:  # parent

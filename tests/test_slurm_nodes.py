@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from sweeper.points import TIMED_ALONE
-from tests.conftest import ROOT, job_runner_commands
+from tests.conftest import ROOT, job_runner_commands, sweeper_command
 from tests.test_docker import postgres_answers
 from tests.test_slurm_requeue import start_now, wait_for
 from tests.test_sweeper import FAST, SLURM, runs, slurm, slurm_answers, sweep
@@ -137,7 +137,7 @@ def test_a_node_going_down_mid_sweep_requeues_only_its_point(tmp_path, mlflow_ur
         "data.n_train=200",
         "data.n_test=50",
     ]
-    cmd = [sys.executable, "-m", "sweeper", "-m", *grid, *MULTI, "launcher.points_per_job=1"]  # a job each
+    cmd = sweeper_command([*grid, *MULTI, "launcher.points_per_job=1"])  # a job each
     proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     jobs: dict[str, str] = {}
     try:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from sweeper.runners import partition
-from tests.conftest import ROOT
+from tests.conftest import ROOT, sweeper_command
 from tests.test_sweeper import FAST, SLURM, runs, slurm, sweep
 from tests.test_warm import only_sweep
 from trainer import metrics
@@ -66,7 +66,7 @@ def child(uri: str):
 def test_requeued_and_time_limited_jobs_resume_into_the_same_run(tmp_path, mlflow_uri):
     runs(mlflow_uri)  # create the store first: polling must not race the sweeper's schema set-up
     never_ends = ["hidden=16", "nproc=2", "epochs=100000", "batch_size=50", "data.n_train=200", "data.n_test=50"]
-    cmd = [sys.executable, "-m", "sweeper", "-m", *never_ends, *SLURM, "launcher.max_requeues=2"]
+    cmd = sweeper_command([*never_ends, *SLURM, "launcher.max_requeues=2"])
     wide = {**os.environ, "COLUMNS": "250"}  # the closing table unfolded
     proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=wide)
     job = ""
@@ -206,7 +206,7 @@ def test_a_live_job_of_a_killed_sweeper_is_not_submitted_twice(tmp_path, mlflow_
     them itself."""
     runs(mlflow_uri)  # create the store first: polling must not race the sweeper's schema set-up
     grid = ["epochs=1000,2", "hidden=8", "batch_size=50", "data.n_train=200", "data.n_test=50", *SLURM]
-    cmd = [sys.executable, "-m", "sweeper", "-m", *grid]
+    cmd = sweeper_command(grid)
     first = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     wait_for("the long point's run", lambda: child(mlflow_uri) is not None)
     long_run = child(mlflow_uri)
@@ -237,7 +237,7 @@ def test_a_sweep_run_again_resumes_a_time_limited_point_in_its_run(tmp_path, mlf
     sweep's, nothing left RUNNING."""
     runs(mlflow_uri)
     point = ["hidden=64", "nproc=1", "epochs=400", "batch_size=50", "data.n_train=200", "data.n_test=50"]
-    cmd = [sys.executable, "-m", "sweeper", "-m", *point, *SLURM, "launcher.max_requeues=0"]
+    cmd = sweeper_command([*point, *SLURM, "launcher.max_requeues=0"])
     proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     job = ""
     try:
@@ -290,7 +290,7 @@ def test_a_killed_sweepers_pending_jobs_are_cancelled_by_the_next_sweep(warm, tm
     grid = ["hidden=8,16", "epochs=2", "batch_size=50", "data.n_train=200", "data.n_test=50", *SLURM]
     held = [*grid, f"launcher.warm={warm}", "+launcher.sbatch_args={begin: 'now+600'}"]  # its jobs pend (BeginTime)
     first = subprocess.Popen(
-        [sys.executable, "-m", "sweeper", "-m", *held],
+        sweeper_command(held),
         cwd=tmp_path,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.STDOUT,
@@ -310,9 +310,7 @@ def test_a_killed_sweepers_pending_jobs_are_cancelled_by_the_next_sweep(warm, tm
             waiting = [re.sub(r"%\d+\]$", "]", waiting[0])]  # as the sweep names them: scancel's form
         first.kill()
         first.wait()
-        again = subprocess.run(
-            [sys.executable, "-m", "sweeper", "-m", *grid], cwd=tmp_path, capture_output=True, text=True, timeout=240
-        )
+        again = subprocess.run(sweeper_command(grid), cwd=tmp_path, capture_output=True, text=True, timeout=240)
     finally:
         first.kill()
         for job in waiting:

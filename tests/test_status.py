@@ -11,17 +11,19 @@ import pytest
 
 from sweeper.status import file_rows, status_rows
 from sweeper.track import sweep_file
+from tests.conftest import sweeper_command
 from tests.test_sweeper import parents
 from trainer.record import store
 
 pytestmark = pytest.mark.mpi
-EPOCHS = 3000  # of 6 batches: seconds a point, long enough to be seen running both ways
+EPOCHS = 3000  # of 6 batches: seconds, long enough to be seen running both ways
+SHORT = 3  # the other point's: it only has to end
 
 
 def test_status_shows_a_running_sweeps_points_from_another_terminal(idx_dir, mlflow_uri, tmp_path):
-    # One core for the sweep: its two points train one after the other, long enough to be seen.
-    args = ["hidden=16,32", f"epochs={EPOCHS}", "batch_size=10", "data.n_train=60", f"data.dir={idx_dir}"]
-    cmd = [sys.executable, "-m", "sweeper", "-m", *args, "device=cpu", "launcher.cpus=1", "check.reference=false"]
+    # One core for the sweep: its two points train one after the other, the long one long enough to be seen.
+    args = [f"epochs={EPOCHS},{SHORT}", "hidden=16", "batch_size=10", "data.n_train=60", f"data.dir={idx_dir}"]
+    cmd = sweeper_command([*args, "device=cpu", "launcher.cpus=1", "check.reference=false"])
     proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         seen: dict[str, dict | None] = {"store": None, "files": None}  # the rows of each way, once one runs
@@ -36,14 +38,14 @@ def test_status_shows_a_running_sweeps_points_from_another_terminal(idx_dir, mlf
             time.sleep(0.3)
         assert None not in seen.values(), proc.stdout.read() if proc.poll() is not None else f"not seen: {seen}"
         for rows in seen.values():  # a point running, with its epoch and ETA; the other waits, runs or is done
-            assert set(rows) == {"hidden=16", "hidden=32"}
+            assert set(rows) == {f"epochs={EPOCHS}", f"epochs={SHORT}"}
             assert any(s == "running" and f" of {EPOCHS}, " in d and "ETA" in d for s, d in rows.values()), rows
             assert {s for s, _d in rows.values()} <= {"queued", "running", "finished"}, rows
     finally:
         out, _ = proc.communicate(timeout=240)
     assert proc.returncode == 0, out
     # The progress line's epoch, from the tail of each point's journal.
-    assert {sweep_file.epoch_done(d) for d in folder.iterdir() if (d / "point.json").exists()} == {EPOCHS}
+    assert {sweep_file.epoch_done(d) for d in folder.iterdir() if (d / "point.json").exists()} == {EPOCHS, SHORT}
     # #49: from another terminal, from the sweep's own files: MLflow is never imported.
     said = "import sys; from sweeper.status import main; rc = main(['latest']); print('mlflow' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", said], cwd=tmp_path, capture_output=True, text=True, timeout=120)

@@ -17,7 +17,7 @@ from hydra import compose as hydra_compose
 from hydra import initialize_config_dir
 
 from sweeper.runners import partition
-from tests.conftest import NO_TIMING_FLOOR, ROOT, gpu_available
+from tests.conftest import NO_TIMING_FLOOR, ROOT, gpu_available, sweeper_command
 from trainer import metrics
 from trainer.record import store
 
@@ -33,16 +33,11 @@ def sweep(
     figures: bool = False,
     retime: bool = False,
 ) -> subprocess.CompletedProcess:
-    """The sweep's command in ``cwd``. One still running after ``timeout`` is stopped as a user's
-    Ctrl-C would (its jobs cancelled) and the test fails with what it printed, its points' logs and
-    the cluster's queue: a hang in CI then says where. Its report without figures unless ``figures``:
-    drawing them (matplotlib in a child) was 2.3 s of CPU a sweep, most of the suite's sweeps reading
-    none; and none of its points timed again alone unless ``retime`` (or the args say): that second
-    round was a third of a small sweep's CPU (4.8 of 15.0 s), and tests/test_retime.py tests it."""
-    extra = [] if figures else ["report.figures=false"]
-    if not retime and not any(a.startswith("sweep.retime=") for a in args):
-        extra.append("sweep.retime=false")
-    cmd = [sys.executable, "-m", "sweeper", "-m", *args, *extra]
+    """The sweep's command (:func:`sweeper_command`: figures and retimings off unless asked) in
+    ``cwd``. One still running after ``timeout`` is stopped as a user's Ctrl-C would (its jobs
+    cancelled) and the test fails with what it printed, its points' logs and the cluster's queue: a
+    hang in CI then says where."""
+    cmd = sweeper_command(args, figures, retime)
     pipe = subprocess.PIPE
     proc = subprocess.Popen(cmd, cwd=cwd, stdout=pipe, stderr=pipe, text=True, env=env or os.environ)
     try:
@@ -311,7 +306,7 @@ def test_debug_launcher_runs_in_process(tmp_path, mlflow_uri):
 def test_sigterm_then_ctrl_c_cancels_jobs_and_marks_runs_killed(tmp_path, mlflow_uri):
     """SIGTERM, then an impatient Ctrl-C while the sweep cleans up: absorbed, nothing left RUNNING."""
     runs(mlflow_uri)  # create the store first: polling must not race the sweeper's schema set-up
-    cmd = [sys.executable, "-m", "sweeper", "-m", "nproc=1", "epochs=100000", "data.n_train=200"]
+    cmd = sweeper_command(["nproc=1", "epochs=100000", "data.n_train=200"])
     proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.time() + 120
     while time.time() < deadline and not any(
@@ -340,7 +335,7 @@ def test_sigterm_then_ctrl_c_cancels_jobs_and_marks_runs_killed(tmp_path, mlflow
 def test_a_sweep_whose_sweeper_was_killed_is_closed_by_the_next(tmp_path, mlflow_uri):
     """SIGKILL of the sweeper and its jobs leaves runs RUNNING; the next sweep ends them KILLED."""
     runs(mlflow_uri)  # create the store first: polling must not race the sweeper's schema set-up
-    cmd = [sys.executable, "-m", "sweeper", "-m", "nproc=1", "epochs=100000", "data.n_train=200"]
+    cmd = sweeper_command(["nproc=1", "epochs=100000", "data.n_train=200"])
     proc = subprocess.Popen(
         cmd, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True
     )
@@ -386,7 +381,7 @@ def test_local_jobs_end_their_runs_when_the_sweeper_is_killed(tmp_path, mlflow_u
     end with it: the sweeper SIGKILLed alone, each job's trainer ends its run KILLED, no job (nor
     the report's drawing children) lives on; the next sweep closes the parent."""
     runs(mlflow_uri)  # create the store first: polling must not race the sweeper's schema set-up
-    cmd = [sys.executable, "-m", "sweeper", "-m", "hidden=8,16", "epochs=100000", "data.n_train=200"]
+    cmd = sweeper_command(["hidden=8,16", "epochs=100000", "data.n_train=200"], figures=True)  # its drawing children
     proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     deadline = time.time() + 120
     while (
@@ -485,8 +480,8 @@ def test_cold_points_slurm_holds_count_as_queued(tmp_path, mlflow_uri):
     line counts them queued, beside Slurm's reason, not running (also before the scheduler has
     looked at them: their reason is then "None", and CI saw that as running)."""
     held = ["launcher.warm=false", "+launcher.sbatch_args={begin: 'now+12'}"]
-    cmd = [sys.executable, "-m", "sweeper", "-m", "hidden=16,32", "nproc=1", *FAST, *SLURM, *held]
-    proc = subprocess.Popen([*cmd, "report.figures=false"], cwd=tmp_path, stdout=subprocess.PIPE, text=True)
+    cmd = sweeper_command(["hidden=16,32", "nproc=1", *FAST, *SLURM, *held])
+    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, text=True)
     try:  # #50: sweeper.status names each point's job and Slurm's reason for holding it
         shown, deadline = "", time.monotonic() + 60
         while "PENDING (BeginTime)" not in shown and time.monotonic() < deadline and proc.poll() is None:
@@ -545,7 +540,7 @@ def test_slurm_failing_setup_line_fails_the_point(tmp_path, mlflow_uri):
 @slurm
 def test_slurm_scancel_ends_killed_and_sweep_reports(tmp_path, mlflow_uri):
     runs(mlflow_uri)  # create the store first: polling must not race the sweeper's schema set-up
-    cmd = [sys.executable, "-m", "sweeper", "-m", "nproc=2", "epochs=100000", "data.n_train=200", *SLURM]
+    cmd = sweeper_command(["nproc=2", "epochs=100000", "data.n_train=200", *SLURM])
     proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.time() + 120
     while time.time() < deadline and not any(
@@ -588,7 +583,7 @@ def test_slurm_points_the_partition_cannot_run_are_refused(args, message, tmp_pa
 @slurm
 def test_a_pending_job_shows_as_pending_with_slurms_reason(tmp_path, mlflow_uri):
     """A job that may not start yet (sbatch --begin) pends: the progress says so and why; Ctrl-C ends it."""
-    cmd = [sys.executable, "-m", "sweeper", "-m", "hidden=8", *FAST, *SLURM, "+launcher.sbatch_args.begin=now+1hour"]
+    cmd = sweeper_command(["hidden=8", *FAST, *SLURM, "+launcher.sbatch_args.begin=now+1hour"])
     proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     seen = lines_of(proc)
     try:
@@ -701,16 +696,7 @@ def test_two_sweeps_given_one_folder_write_two(tmp_path, mlflow_uri):
     runs(mlflow_uri)  # the store first: MLflow's schema migration races between two new processes
     procs = [
         subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "sweeper",
-                "-m",
-                f"hidden={h}",
-                *FAST,
-                "launcher=debug",
-                f"hydra.sweep.dir={folder}",
-            ],
+            sweeper_command([f"hidden={h}", *FAST, "launcher=debug", f"hydra.sweep.dir={folder}"]),
             cwd=tmp_path,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -806,7 +792,7 @@ def test_ctrl_c_twice_at_the_terminal_says_it_in_lines_not_tracebacks(tmp_path, 
     started, and every run ended KILLED. #47: the sweeper started with SIGINT ignored (nohup, a test
     harness) hears it all the same, and never ignores it itself (its drawing children do)."""
     runs(mlflow_uri)  # create the store first: polling must not race the sweeper's schema set-up
-    cmd = [sys.executable, "-m", "sweeper", "-m", "hidden=8,16", "epochs=100000", "data.n_train=200"]
+    cmd = sweeper_command(["hidden=8,16", "epochs=100000", "data.n_train=200"], figures=True)  # its drawing children
     proc = subprocess.Popen(
         cmd,
         cwd=tmp_path,
@@ -848,7 +834,7 @@ def test_sigterm_before_any_worker_started_ends_the_sweep_in_a_line(tmp_path, ml
     """#47: SIGTERM in a sweep's first second (composing, planning) ended the sweeper at once
     (rc -15); it ends it 130 in a line, with nothing recorded RUNNING."""
     runs(mlflow_uri)
-    cmd = [sys.executable, "-m", "sweeper", "-m", "hidden=8,16,24,32", *FAST]
+    cmd = sweeper_command(["hidden=8,16,24,32", *FAST])
     proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines = lines_of(proc)
     time.sleep(1.0)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import sweeper_command
 from tests.test_trainer_runs import COMMON
 from trainer import metrics
 from trainer.record import journal
@@ -103,7 +104,7 @@ def test_a_server_gone_at_a_sweeps_end_costs_a_bounded_wait_and_sync_delivers_ev
     args = ["hidden=8,16", "epochs=300", "batch_size=10", "data.n_train=60", "data.n_test=10", "device=cpu"]
     args += [f"data.dir={idx_dir}", f"mlflow.tracking_uri={uri}", "sweep.store_wait_s=2", "check.reference=false"]
     env = {**os.environ, "SWEEPSCALE_SPOOL_DRAIN_S": "1"}
-    cmd = [sys.executable, "-m", "sweeper", "-m", *args]
+    cmd = sweeper_command(args)
     proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 120

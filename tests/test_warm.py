@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.conftest import sweeper_command
 from tests.test_sweeper import FAST, SLURM, children_of, parents, runs, slurm, sweep
 from trainer import metrics
 from trainer.record import store
@@ -157,7 +158,7 @@ def test_slurm_one_allocation_serves_a_chunk(tmp_path, mlflow_uri):
 def test_slurm_scancel_of_a_chunk_kills_its_points_and_a_rerun_finishes_them(tmp_path, mlflow_uri):
     runs(mlflow_uri)  # create the store first: polling must not race the sweeper's schema set-up
     long_first = ["epochs=100000,1,2,3", "batch_size=50", "data.n_train=200", "data.n_test=50"]
-    cmd = [sys.executable, "-m", "sweeper", "-m", *long_first, *SLURM, "launcher.points_per_job=4"]
+    cmd = sweeper_command([*long_first, *SLURM, "launcher.points_per_job=4"])
     proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.time() + 120
     while time.time() < deadline and not any(
@@ -217,9 +218,7 @@ def test_a_worker_whose_job_starts_nothing_is_replaced(tmp_path, mlflow_uri):
     import signal
 
     args = ["hidden=8,16", *FAST, "launcher.cpus=1", "launcher.start_grace_s=3"]  # one worker at a time
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "sweeper", "-m", *args], cwd=tmp_path, stdout=subprocess.PIPE, text=True
-    )
+    proc = subprocess.Popen(sweeper_command(args), cwd=tmp_path, stdout=subprocess.PIPE, text=True)
     stopped, deadline = None, time.time() + 60
     while stopped is None and time.time() < deadline:  # the first job, the moment it exists
         stopped = next((d for d in tmp_path.glob("multirun/*/*/.submitit/*") if d.name.isdigit()), None)
