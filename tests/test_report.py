@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import csv
 import itertools
+import os
 import shlex
+import signal
 import statistics
 import subprocess
 import sys
@@ -15,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.browser import is_blank, page_text, render
-from tests.conftest import NO_TIMING_FLOOR, recorded_parent
+from tests.conftest import NO_TIMING_FLOOR, group_commands, recorded_parent
 from tests.test_sweeper import children_of, parents, sweep
 from trainer import metrics
 from trainer.record import store
@@ -155,12 +157,13 @@ def test_the_printed_mlflow_lines_open_the_sweeps_runs_in_a_real_browser(study_s
     lines = result.stdout.splitlines()
     at = next(i for i, line in enumerate(lines) if line.startswith("MLflow: "))
     command = lines[at].removeprefix("MLflow: ").split(", then")[0]
-    port = int(command.split("--port ")[1])  # a port free when the sweep ended, its links on it
+    assert command.endswith(" --workers 1"), command  # a researcher's own UI: one browser, one worker
+    port = int(command.split("--port ")[1].split()[0])  # a port free when the sweep ended, its links on it
     url = lines[at + 1].strip()
     assert url.startswith(f"http://127.0.0.1:{port}/"), (command, url)
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}  # no venv: the line must work as printed
     env["MLFLOW_SERVER_ENABLE_JOB_EXECUTION"] = "false"  # MLflow's GenAI job runner: 8 processes, untested here
-    ui = subprocess.Popen(shlex.split(command), env=env, cwd=tmp_path, stderr=subprocess.PIPE)
+    ui = subprocess.Popen(shlex.split(command), env=env, cwd=tmp_path, stderr=subprocess.PIPE, start_new_session=True)
     try:
         deadline = time.time() + 90
         while time.time() < deadline:
@@ -170,12 +173,14 @@ def test_the_printed_mlflow_lines_open_the_sweeps_runs_in_a_real_browser(study_s
             except OSError:
                 assert ui.poll() is None, ui.stderr.read()
                 time.sleep(0.5)
+        served = group_commands(ui.pid)  # MLflow's command and the one server it starts (four by default)
+        assert len(served) <= 2, served
         (parent,) = parents(uri)
         landed, text = page_text(url, parent.info.run_name[:30])
         assert "/runs" in landed and "workflowType=machine_learning" in landed
         assert "Run Name" in text and "Traces" not in text.split("Run Name")[1][:200]
     finally:
-        ui.terminate()
+        os.killpg(ui.pid, signal.SIGTERM)  # the command and its server
         ui.wait(timeout=30)
 
 

@@ -55,13 +55,15 @@ def ui_port() -> int:
 
 def mlflow_ui_command(uri: str) -> str:
     """How to open the store in MLflow's UI, whether or not this environment's bin is on PATH, on a
-    port free now (a server's URI is one already)."""
+    port free now (a server's URI is one already). One worker: a researcher's own UI serves one
+    browser, and MLflow's default four took 15 s and 24 CPU-s to answer against one's 9 s and 8."""
     if uri.startswith(("http://", "https://")):
         return f"open {uri}"
     import shlex
     import sys
 
-    return f"{shlex.quote(sys.executable)} -m mlflow ui --backend-store-uri {shlex.quote(uri)} --port {ui_port()}"
+    store = shlex.quote(uri)
+    return f"{shlex.quote(sys.executable)} -m mlflow ui --backend-store-uri {store} --port {ui_port()} --workers 1"
 
 
 def check_line(steps: int, error: float) -> None:
