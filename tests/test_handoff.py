@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import fcntl
 import os
+import signal
+import subprocess
 import sys
 import threading
 import time
@@ -13,8 +15,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import NO_TIMING_FLOOR, sweeper_command
 from tests.test_sweeper import FAST, children_of, parents, runs, sweep
 from trainer import metrics
+from trainer.lifecycle import queue_files
 from trainer.record import journal, store, tracking
 
 # Imported first by every Python process of the sweep: MLflow's import in the process whose command
@@ -31,6 +35,7 @@ class Hold(importlib.abc.MetaPathFinder):
         run = spec.loader.exec_module
 
         def exec_module(module):  # held here, under the module's own lock (the finder holds every import's)
+            open(os.environ["HOLD_MLFLOW_UNTIL"] + ".asked", "a").close()  # that it was asked for, and when
             deadline = time.time() + 120
             while not os.path.exists(os.environ["HOLD_MLFLOW_UNTIL"]) and time.time() < deadline:
                 time.sleep(0.05)
@@ -202,6 +207,47 @@ def test_a_sweep_whose_workers_never_load_mlflow_records_every_run(tmp_path, mlf
         )
         arts = {a.path for a in store.client(mlflow_uri).list_artifacts(r.info.run_id)}
         assert arts == {a.path for a in store.client(direct_uri).list_artifacts(d.info.run_id)}
+
+
+@pytest.mark.mpi
+def test_a_worker_waits_for_its_live_sweeper_however_late_it_sends(tmp_path, mlflow_uri):
+    """#47: the sweeper stopped (SIGSTOP, as a busy machine may leave it unscheduled) while its point
+    trains, and for longer than the 5 s a worker's end once waited: the worker waits for it and
+    never imports MLflow (3-4 CPU-s, where CPU is short); the sweeper, going on, sends the run whole."""
+    runs(mlflow_uri)  # the store first: the parent exists before the point's run, which awaits no parent
+    env, release = held_mlflow(tmp_path, "trainer/worker.py")
+    args = ["hidden=16", "epochs=100", "batch_size=10", "data.n_train=200", "data.n_test=50", *NO_TIMING_FLOOR]
+    proc = subprocess.Popen(sweeper_command(args), cwd=tmp_path, env=env, stdout=subprocess.PIPE, text=True)
+    asked = Path(f"{release}.asked")
+    try:
+        point = wait_for_file(tmp_path, f"multirun/*/*/0/{journal.FILE}", proc)
+        proc.send_signal(signal.SIGSTOP)  # while it trains
+        wait_for_file(point, queue_files.RESULT, proc)  # the worker's end: its run's journal not sent yet
+        assert (point / journal.FILE).exists() and not (point / journal.DONE).exists()
+        time.sleep(journal.STOPPED_WAIT_S + 2)
+        assert not asked.exists(), "the worker imported MLflow while its sweeper lived"
+    finally:
+        proc.send_signal(signal.SIGCONT)
+        out, _ = proc.communicate(timeout=120)
+        release.touch()
+    assert proc.returncode == 0, out
+    assert not asked.exists(), "the worker imported MLflow"
+    (parent,) = parents(mlflow_uri)
+    (kid,) = children_of(mlflow_uri, parent.info.run_id).values()
+    assert kid.info.status == "FINISHED" and journal.HANDOFF_TAG in kid.data.tags
+    assert len(history(mlflow_uri, kid.info.run_id, metrics.TRAIN_LOSS_EPOCH)) == 100  # every epoch, once
+    assert (point / journal.DONE).exists() and not (point / journal.FILE).exists()
+
+
+def wait_for_file(folder: Path, pattern: str, proc: subprocess.Popen, timeout: float = 120) -> Path:
+    """The folder of the first file ``pattern`` matches under ``folder``; fails should ``proc`` end first."""
+    deadline = time.time() + timeout
+    while time.time() < deadline and proc.poll() is None:
+        found = next(folder.glob(pattern), None)
+        if found is not None:
+            return found.parent
+        time.sleep(0.05)
+    raise AssertionError(f"no {pattern} under {folder} (the sweep's status: {proc.poll()})")
 
 
 def test_the_sweepers_sender_sends_a_run_that_started_and_ended_between_two_looks(mlflow_uri, tmp_path):

@@ -14,6 +14,7 @@ from tests.conftest import NO_TIMING_FLOOR, ROOT
 from trainer.record import store
 
 PACKAGES = ("trainer", "sweeper", "hydra_plugins")
+pytestmark = pytest.mark.xdist_group("wheel")  # one worker builds the wheel (each worker would build its own)
 
 
 def run(cmd: list[str], cwd: Path, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:

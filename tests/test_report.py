@@ -36,6 +36,10 @@ def report_cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=240)
 
 
+# xdist builds a module's fixture once in each worker that runs one of its tests: the study's tests on one.
+ONE_STUDY = pytest.mark.xdist_group("study_sweep")
+
+
 @pytest.fixture(scope="module")
 def study_sweep(tmp_path_factory: pytest.TempPathFactory):
     """One real sweep with a strong family, a weak one and a learning-rate axis (8 points)."""
@@ -50,6 +54,7 @@ def study_sweep(tmp_path_factory: pytest.TempPathFactory):
     mp.undo()
 
 
+@ONE_STUDY
 def test_sweep_ends_with_a_report_of_every_point(study_sweep):
     _tmp, uri, result = study_sweep
     assert result.returncode == 0, result.stdout + result.stderr
@@ -110,6 +115,7 @@ def test_sweep_ends_with_a_report_of_every_point(study_sweep):
     assert '<h2 id="overhead">Overhead</h2>' in (folder / "report.html").read_text()
 
 
+@ONE_STUDY
 def test_report_is_attached_to_the_parent_run(study_sweep):
     _tmp, uri, _result = study_sweep
     (parent,) = parents(uri)
@@ -136,6 +142,7 @@ def test_report_is_attached_to_the_parent_run(study_sweep):
     assert not [k for k in parent.data.params if k.startswith("mlflow.")]
 
 
+@ONE_STUDY
 @pytest.mark.browser
 def test_html_report_renders_in_a_real_browser(study_sweep, tmp_path):
     _tmp, uri, _result = study_sweep
@@ -148,6 +155,7 @@ def test_html_report_renders_in_a_real_browser(study_sweep, tmp_path):
     assert not is_blank(tmp_path / "report.png")
 
 
+@ONE_STUDY
 @pytest.mark.browser
 def test_the_printed_mlflow_lines_open_the_sweeps_runs_in_a_real_browser(study_sweep, tmp_path):
     """The closing lines' command starts MLflow's UI without the venv on PATH, on the port its links
@@ -208,6 +216,7 @@ def test_rebuild_after_a_resumed_sweep_gives_the_same_report(tmp_path, mlflow_ur
     assert read_csv(tmp_path / "rebuilt" / "points.csv") == at_end
 
 
+@ONE_STUDY
 def test_report_of_an_unknown_sweep_names_it(study_sweep):
     tmp, _uri, _result = study_sweep  # its store, from the environment the fixture set
     result = report_cli(["nosuchid"], tmp)

@@ -89,19 +89,22 @@ def serve(queue: Path, name: str, world: parallel.World, datasets: Datasets) -> 
 
 def _send_handed_off(queue: Path, served: set[Path]) -> None:
     """The runs this worker handed off, sent: by its sweeper, which polls them, or, that sweeper
-    gone or silent for journal.HANDOFF_WAIT_S, by this worker (importing MLflow only then). A run
-    whose point started before its sweep's parent run existed waits for the parent while the
-    sweeper lives (its MLflow import, seconds; at most journal.PARENT_WAIT_S more), unless the
-    sweeper stopped this worker (SIGTERM: the sweep failed or was interrupted, no parent comes)."""
-    deadline = time.monotonic() + journal.HANDOFF_WAIT_S
+    gone or silent for journal.HANDOFF_WAIT_S (journal.STOPPED_WAIT_S once it stopped this worker),
+    by this worker (importing MLflow only then). A run whose point started before its sweep's
+    parent run existed waits for the parent while the sweeper lives (its MLflow import, seconds; at
+    most journal.PARENT_WAIT_S more), unless the sweeper stopped this worker (SIGTERM: the sweep
+    failed or was interrupted, no parent comes)."""
+    begun = time.monotonic()
 
     def left() -> list[Path]:  # a tracking server's journals (a run id known) are not this wait's
         return [d for d in served if (d / journal.FILE).exists() and journal.Journal(d).handed_off()]
 
     def waiting() -> bool:
-        runs, now = left(), time.monotonic()
-        parentless = not sigterm.seen() and any(journal.Journal(d).awaits_parent() for d in runs)
-        return bool(runs) and (now < deadline or (parentless and now < deadline + journal.PARENT_WAIT_S))
+        runs, waited = left(), time.monotonic() - begun
+        if not runs or sigterm.seen():
+            return bool(runs) and waited < journal.STOPPED_WAIT_S
+        parentless = any(journal.Journal(d).awaits_parent() for d in runs)
+        return waited < journal.HANDOFF_WAIT_S + (journal.PARENT_WAIT_S if parentless else 0)
 
     if left():  # (wait_for ends early where the sweeper, on this host, is gone)
         queue_files.wait_for(queue, lambda: not waiting())

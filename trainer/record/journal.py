@@ -45,7 +45,11 @@ RETRY_S = 2.0  # between attempts while the server is down
 BATCH = 1000  # MLflow's limit of metrics per log_batch call
 HANDOFF_TAG = "sweepscale.handoff"  # a handed-off run's journal id: finds a run created but not noted
 HANDOFF_ENV = "SWEEPSCALE_HANDOFF"  # "1": set by a sweeper that sends its warm workers' runs (no checkpoints)
-HANDOFF_WAIT_S = 5.0  # how long a worker's end waits for its sweeper to send them, before it sends them itself
+# How long a worker's end waits for its live sweeper (it looks every sweep.poll_s) to send them, before it
+# sends them itself, importing MLflow: 3-4 CPU-s, spent where CPU is short (a busy machine is where the
+# sweeper is late: in a suite on two busy cores, 5 s passed for 4 of its workers); stopped (SIGTERM), less.
+HANDOFF_WAIT_S = 30.0
+STOPPED_WAIT_S = 5.0
 PARENT_WAIT_S = 120.0  # and how much longer for a run started ahead of its parent, while the sweeper lives
 
 
