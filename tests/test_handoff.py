@@ -228,7 +228,11 @@ def test_a_worker_waits_for_its_live_sweeper_however_late_it_sends(tmp_path, mlf
         assert not asked.exists(), "the worker imported MLflow while its sweeper lived"
     finally:
         proc.send_signal(signal.SIGCONT)
-        out, _ = proc.communicate(timeout=120)
+        try:
+            out, _ = proc.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, _ = proc.communicate()
         release.touch()
     assert proc.returncode == 0, out
     assert not asked.exists(), "the worker imported MLflow"
