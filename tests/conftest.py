@@ -49,6 +49,9 @@ def gpu_available() -> bool:
         return False
 
 
+# First: xdist's worker reads the groups in this same hook (it suffixes each node id with its group)
+# and, registered after this file, would otherwise run before the "services" group below is added.
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     skip_gpu = pytest.mark.skip(reason="needs CuPy and a CUDA GPU: run `make test-gpu` on a GPU machine")
     skip_mpi = pytest.mark.skip(reason="needs mpiexec: install the project's `mpich` extra")
