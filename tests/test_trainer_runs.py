@@ -117,6 +117,8 @@ def test_run_lands_with_every_metric(idx_dir, mlflow_uri, tmp_path):
     assert 0 <= m[metrics.phase_time("wait")] <= m[metrics.phase_time("skew")] + 1e-9  # 2 ranks: the sum split
     assert metrics.UTILIZATION not in m  # a CPU has no datasheet peak
     assert run.data.tags["sweepscale.world_size"] == "2"
+    # Its 2 ranks share this machine's cores for their BLAS threads (each its own count otherwise)
+    assert run.data.tags[metrics.TAG_BLAS_THREADS] == str(max(1, len(os.sched_getaffinity(0)) // 2))
     assert m[metrics.FLOPS_PER_BATCH] == 4 * 7 * 16 * 784 + 6 * 7 * 16 * 10
     assert m[metrics.ALLREDUCE_BYTES] == (16 * 784 + 16 + 10 * 16 + 10 + 1) * 8
     losses = client.get_metric_history(run.info.run_id, metrics.TRAIN_LOSS)
@@ -384,14 +386,17 @@ def test_local_ranks_listen_on_loopback_only():
     assert {addr for row in rows for addr in row} <= loopback, rows
 
 
-def test_a_two_rank_run_records_twice_its_wall_time_as_core_seconds(mlflow_uri, tmp_path):
+def test_a_two_rank_run_records_twice_its_wall_time_as_core_seconds(mlflow_uri, tmp_path, monkeypatch):
     """#35: a run's device-seconds (core-seconds on CPU ranks, GPU-seconds on GPUs) are its ranks x
     the seconds it held them; the training part is ranks x its epochs' time, which the run records
-    too. Real ranks (mpiexec, nproc=2)."""
+    too. Real ranks (mpiexec, nproc=2), given their BLAS threads by the environment."""
     args = ["nproc=2", "epochs=3", "hidden=32", "batch_size=50", "data.n_train=400", "data.n_test=50"]
+    cores = len(os.sched_getaffinity(0))
+    monkeypatch.setenv("OPENBLAS_NUM_THREADS", str(cores))  # the user's say: the ranks keep it
     result = trainer([*args, "check.reference=false"], tmp_path)
     assert result.returncode == 0, result.stderr
     client, run = only_run(mlflow_uri)
+    assert run.data.tags[metrics.TAG_BLAS_THREADS] == str(cores)
     m = run.data.metrics
     epochs_s = sum(x.value for x in client.get_metric_history(run.info.run_id, metrics.EPOCH_TIME))
     assert m[metrics.device_seconds("cpu", training=True)] == pytest.approx(2 * epochs_s, rel=1e-9)

@@ -56,6 +56,7 @@ TAG_CONFIG_HASH = "sweepscale.config_hash"
 TAG_SWEEP_ID = "sweepscale.sweep_id"
 TAG_ERROR = "sweepscale.error"
 TAG_TIMING = "sweepscale.timing"
+TAG_BLAS_THREADS = "sweepscale.blas_threads"  # a CPU run's: the BLAS threads of each of its ranks
 TAG_PEAK_TFLOPS = "sweepscale.peak_tflops_per_device"  # the peak perf/utilization divides by
 TAG_PEAK_ARITHMETIC = "sweepscale.peak_arithmetic"  # which arithmetic that peak is of
 TAG_UTILIZATION_ERROR = "sweepscale.utilization_error"  # why no perf/utilization: it exceeded 1

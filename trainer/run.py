@@ -114,7 +114,7 @@ def train_and_defer(
     sigterm.install()
     requeue.arm()
     try:
-        backend = select(cfg.device, world.local_rank)
+        backend = select(cfg.device, world.local_rank, world.local_size)
         options = policy.step_options(cfg, backend.kind)  # the step's options, resolved once
         hosts = world.comm.gather(socket.gethostname())
         devices = world.comm.gather(backend.describe())  # each rank's own GPU (or cpu), on its node

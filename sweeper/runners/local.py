@@ -26,7 +26,7 @@ from sweeper.runners.base import MachineTooSmallError, WithoutScheduler
 from sweeper.runners.warm import Queue, Ticket, WarmPool, unstarted
 from trainer.lifecycle.reference_jobs import CORES_ENV
 from trainer.ranks import lease
-from trainer.ranks.backend import no_gpu, visible_gpus
+from trainer.ranks.backend import blas_threads, no_gpu, visible_gpus
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -258,5 +258,4 @@ class LocalRunner(WithoutScheduler):
 def one_core_a_rank(nproc: int) -> dict[str, str]:
     """The environment of CPU ranks that each own a core: one BLAS and OpenMP thread a rank, and the
     cores the job holds (trainer/lifecycle/reference_jobs.py shares them with the run's CPU check)."""
-    one = {key: "1" for key in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
-    return {**one, CORES_ENV: str(nproc)}
+    return {**blas_threads(1), CORES_ENV: str(nproc)}

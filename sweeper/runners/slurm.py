@@ -29,6 +29,7 @@ from trainer.errors import ConfigError
 from trainer.lifecycle import queue_files as protocol
 from trainer.lifecycle import requeue
 from trainer.ranks import parallel
+from trainer.ranks.backend import blas_threads
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -327,8 +328,7 @@ class SlurmRunner:
         loopback)."""
         env = {requeue.MAX_REQUEUES: str(self.launcher.max_requeues)}
         if not shape.gpus_per_task:  # CPU ranks: a BLAS thread per CPU of the task, not per CPU of the node
-            threads = str(self.launcher.cpus_per_task)
-            env.update({key: threads for key in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")})
+            env.update(blas_threads(self.launcher.cpus_per_task))
         if not self.bootstrap.on(shape.nodes).srun:
             env.update(parallel.mpiexec_settings(one_host=shape.nodes == 1))
         return env

@@ -66,6 +66,8 @@ def start_recording(
         metrics.TAG_WARM: "false",  # a warm worker's tags (in cfg.mlflow.tags) say otherwise
         **{f"sweepscale.version.{k}": v for k, v in backend.versions.items()},
     }
+    if backend.kind == "cpu":
+        own[metrics.TAG_BLAS_THREADS] = str(backend.blas_threads)
     configured = configured_tags(cfg)
 
     def tags() -> dict[str, str]:
