@@ -13,6 +13,7 @@ import pytest
 
 from tests.browser import chromium_path, playwright_available
 from trainer import data, idx
+from trainer.ranks.backend import BLAS_THREADS
 
 ROOT = Path(__file__).resolve().parents[1]
 # The timing protocol's floor off, for the tiny runs of tests about other things: their training's
@@ -27,6 +28,11 @@ MPIEXEC = shutil.which("mpiexec", path=os.path.dirname(sys.executable)) or shuti
 for _key in ("COLUMNS", "LINES"):
     os.environ.pop(_key, None)
     os.unsetenv(_key)
+# One BLAS thread for each process the tests start, as the sweep's runners give their ranks: the
+# suite runs two tests at once on two cores, and a standalone run's idle BLAS threads spin on
+# cores the other test needs (tests/test_trainer_runs.py unsets them where it tests the default).
+for _key in BLAS_THREADS:
+    os.environ.setdefault(_key, "1")
 
 
 def sweeper_command(args: list[str], figures: bool = False, retime: bool = False) -> list[str]:

@@ -18,7 +18,7 @@ from trainer import data, metrics
 from trainer.core import model
 from trainer.core.generic_step import generic
 from trainer.core.loop import Schedule, fit
-from trainer.ranks.backend import Backend
+from trainer.ranks.backend import BLAS_THREADS, Backend
 from trainer.record import provenance, store, tracking
 
 pytestmark = pytest.mark.mpi
@@ -77,7 +77,9 @@ def test_ranks_match_sequential_reference(nproc, shuffle, idx_dir, mlflow_uri, t
     assert np.linalg.norm(got - expected) / np.linalg.norm(expected) < 1e-12
 
 
-def test_run_lands_with_every_metric(idx_dir, mlflow_uri, tmp_path):
+def test_run_lands_with_every_metric(idx_dir, mlflow_uri, tmp_path, monkeypatch):
+    for key in BLAS_THREADS:  # the ranks' own choice (tests/conftest.py sets one thread for the suite)
+        monkeypatch.delenv(key, raising=False)
     result = trainer([*COMMON, "nproc=2", f"data.dir={idx_dir}"], tmp_path)  # no mpiexec: it starts its own
     assert result.returncode == 0, result.stderr
     client, run = only_run(mlflow_uri)
