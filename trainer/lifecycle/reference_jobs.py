@@ -35,7 +35,7 @@ from trainer.core import model, reference
 from trainer.core.loop import Schedule
 from trainer.lifecycle import shared_arrays
 from trainer.lifecycle.shared_arrays import SharedArray
-from trainer.ranks.backend import visible_gpus
+from trainer.ranks.backend import usable_cores, visible_gpus
 from trainer.ranks.processes import alive
 
 RUNNING = ".running"  # in the cache folder: one marker per reference computing, "<host>.<pid>"
@@ -46,7 +46,7 @@ def cores() -> int:
     """The cores this process may run on: its job's where the runner says, else the machine's."""
     if os.environ.get(CORES_ENV, "").isdigit():
         return int(os.environ[CORES_ENV])
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return usable_cores()
 
 
 # References at once per process: a quarter of the cores (the headline's three at once on 16), at least one.

@@ -64,6 +64,11 @@ def blas_threads(threads: int) -> dict[str, str]:
     return {key: str(threads) for key in BLAS_THREADS}
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity: mpiexec's, Slurm's or a cgroup's; macOS: all)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def share_cores(ranks_here: int) -> int:
     """This CPU rank's BLAS threads: its share of the cores it may use among the ``ranks_here`` ranks
     of its host, unless the environment sets them (a runner's, or the user's). Left to itself, each
@@ -73,7 +78,7 @@ def share_cores(ranks_here: int) -> int:
 
     blas = ThreadpoolController().select(user_api="blas")
     if ranks_here > 1 and not any(key in os.environ for key in BLAS_THREADS):
-        blas.limit(limits=max(1, len(os.sched_getaffinity(0)) // ranks_here))  # kept: no restore
+        blas.limit(limits=max(1, usable_cores() // ranks_here))  # kept: no restore
         blas = ThreadpoolController().select(user_api="blas")
     return max((pool["num_threads"] for pool in blas.info()), default=1)
 
