@@ -18,7 +18,7 @@ from trainer import data, metrics
 from trainer.core import model
 from trainer.core.generic_step import generic
 from trainer.core.loop import Schedule, fit
-from trainer.ranks.backend import BLAS_THREADS, Backend
+from trainer.ranks.backend import BLAS_THREADS, Backend, usable_cores
 from trainer.record import provenance, store, tracking
 
 pytestmark = pytest.mark.mpi
@@ -120,7 +120,7 @@ def test_run_lands_with_every_metric(idx_dir, mlflow_uri, tmp_path, monkeypatch)
     assert metrics.UTILIZATION not in m  # a CPU has no datasheet peak
     assert run.data.tags["sweepscale.world_size"] == "2"
     # Its 2 ranks share this machine's cores for their BLAS threads (each its own count otherwise)
-    assert run.data.tags[metrics.TAG_BLAS_THREADS] == str(max(1, len(os.sched_getaffinity(0)) // 2))
+    assert run.data.tags[metrics.TAG_BLAS_THREADS] == str(max(1, usable_cores() // 2))
     assert m[metrics.FLOPS_PER_BATCH] == 4 * 7 * 16 * 784 + 6 * 7 * 16 * 10
     assert m[metrics.ALLREDUCE_BYTES] == (16 * 784 + 16 + 10 * 16 + 10 + 1) * 8
     losses = client.get_metric_history(run.info.run_id, metrics.TRAIN_LOSS)
@@ -393,7 +393,7 @@ def test_a_two_rank_run_records_twice_its_wall_time_as_core_seconds(mlflow_uri, 
     the seconds it held them; the training part is ranks x its epochs' time, which the run records
     too. Real ranks (mpiexec, nproc=2), given their BLAS threads by the environment."""
     args = ["nproc=2", "epochs=3", "hidden=32", "batch_size=50", "data.n_train=400", "data.n_test=50"]
-    cores = len(os.sched_getaffinity(0))
+    cores = usable_cores()
     monkeypatch.setenv("OPENBLAS_NUM_THREADS", str(cores))  # the user's say: the ranks keep it
     result = trainer([*args, "check.reference=false"], tmp_path)
     assert result.returncode == 0, result.stderr
