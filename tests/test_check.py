@@ -58,7 +58,9 @@ def replay(x: np.ndarray, y: np.ndarray, flat: np.ndarray, steps: int, B: int = 
     return np.concatenate([W1.ravel(), b1, W2.ravel(), b2])
 
 
-@pytest.mark.parametrize(("nproc", "dtype"), [(1, "float64"), (2, "float64"), (1, "float32"), (2, "float32")])
+# Each rank count and each dtype once: the ranks' sum against a sequential run is
+# tests/test_trainer_runs.py's (1e-12 on 1 and 3 ranks); here the check's snapshot and its tolerance.
+@pytest.mark.parametrize(("nproc", "dtype"), [(2, "float64"), (1, "float32")])
 def test_the_error_after_k_steps_is_against_an_independent_replay(nproc, dtype, idx_dir, mlflow_uri, tmp_path):
     """k = one epoch (9 steps) of a 2-epoch run: the check compares the run's weights after step 9,
     the reference is the replay's 9 steps, and the run records k."""

@@ -145,19 +145,7 @@ def test_points_timed_with_company_are_timed_again_alone_and_the_report_takes_th
     assert len(parents(mlflow_uri)) == 2 and len(children_of(mlflow_uri, parent.info.run_id)) == 4
 
 
-@pytest.mark.mpi
-def test_retime_false_times_nothing_again(tmp_path, mlflow_uri):
-    company = TimedSpan("another sweep's run", exclusive=False, units="1 rank(s) on cpu")
-    company.__enter__()
-    try:
-        rc, out = watched_sweep(["hidden=16", "nproc=1,2", *FAST, "sweep.retime=false"], tmp_path, company)
-    finally:
-        if company.fd is not None:
-            company.__exit__(None, None, None)
-    assert rc == 0, out
-    assert "timing again" not in out
-    (parent,) = parents(mlflow_uri)
-    assert sorted(children_of(mlflow_uri, parent.info.run_id)) == ["nproc=1", "nproc=2"]
+# sweep.retime=false with company: tests/test_sweeper.py::test_a_sweep_totals_what_its_points_held.
 
 
 @pytest.mark.mpi

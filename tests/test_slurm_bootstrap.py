@@ -1,7 +1,8 @@
 """How ranks start on the real CI Slurm (scripts/slurm_up.sh), and what the user sees when they
-cannot: launcher.pmi=auto's choice running a 2-rank point, mpiexec inside an allocation (one node,
-and two namespace nodes), a PMI this Slurm cannot give refused before anything starts, a failed MPI
-start provoked on purpose and its cause in the closing table, and a GPU partition's sbatch lines."""
+cannot: launcher.pmi=auto's choice running a 2-rank point on a GPU partition (and its sbatch
+lines), mpiexec inside an allocation (one node, and two namespace nodes), a PMI this Slurm cannot
+give refused before anything starts, and a failed MPI start provoked on purpose and its cause in
+the closing table."""
 
 from __future__ import annotations
 
@@ -25,21 +26,6 @@ def parent_of(uri: str):
 
     (parent,) = parents(uri)
     return parent
-
-
-@slurm
-def test_auto_chooses_srun_pmi2_for_the_mpich_wheel_and_a_two_rank_point_runs(tmp_path, mlflow_uri):
-    result = sweep(["hidden=16", "nproc=2", *FAST, *SLURM], tmp_path)
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert "ranks start: auto: mpi4py loads MPICH" in result.stdout and "srun --mpi=pmi2" in result.stdout
-    (run,) = only_sweep(mlflow_uri).values()
-    assert run.info.status == "FINISHED" and run.data.tags["sweepscale.world_size"] == "2"
-    said = parent_of(mlflow_uri).data.tags[metrics.TAG_RANKS_START]
-    assert "srun --mpi=pmi2 on one node; across nodes " in said and said.endswith(
-        "inside the allocation (srun's pmi2 cuts MPICH's long PMI lines)"
-    )
-    script = next(tmp_path.glob("multirun/*/*/.submitit/*/*_submission.sh")).read_text()
-    assert "--mpi=pmi2" in script and "\nsrun " in script
 
 
 @slurm
@@ -114,9 +100,10 @@ def test_a_task_that_dies_before_mpi_ends_the_job_at_once_not_at_its_time_limit(
 
 @slurm
 @multinode
-def test_a_gpu_partition_gives_each_rank_a_gpu_in_the_sbatch_lines(tmp_path, mlflow_uri):
+def test_a_gpu_partition_gives_each_rank_a_gpu_and_auto_starts_them_with_srun_pmi2(tmp_path, mlflow_uri):
     """CI's partition `gpu` (node1, gres gpu:2, no GPU behind it): the preview asks one GPU per rank
-    from the partition's own gres, and a point's ranks run there (on the CPU: no GPU is usable)."""
+    from the partition's own gres, and a point's ranks run there (on the CPU: no GPU is usable),
+    started as launcher.pmi=auto chooses for the mpich wheel: srun --mpi=pmi2, a world of 2."""
     result = sweep(["hidden=16", "nproc=1,2", *FAST, *SLURM, "launcher.partition=gpu", "--dry-run"], tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "#SBATCH --gpus-per-node=1" in result.stdout and "#SBATCH --gpus-per-node=2" in result.stdout
@@ -125,6 +112,14 @@ def test_a_gpu_partition_gives_each_rank_a_gpu_in_the_sbatch_lines(tmp_path, mlf
     assert result.returncode == 0, result.stdout + result.stderr
     (run,) = only_sweep(mlflow_uri).values()
     assert run.info.status == "FINISHED" and run.data.tags[metrics.TAG_RANK_DEVICES] == "0=node1/cpu; 1=node1/cpu"
+    assert run.data.tags["sweepscale.world_size"] == "2"
+    assert "ranks start: auto: mpi4py loads MPICH" in result.stdout and "srun --mpi=pmi2" in result.stdout
+    said = parent_of(mlflow_uri).data.tags[metrics.TAG_RANKS_START]
+    assert "srun --mpi=pmi2 on one node; across nodes " in said and said.endswith(
+        "inside the allocation (srun's pmi2 cuts MPICH's long PMI lines)"
+    )
+    script = next(tmp_path.glob("multirun/*/*/.submitit/*/*_submission.sh")).read_text()
+    assert "--mpi=pmi2" in script and "\nsrun " in script
 
 
 @pytest.mark.gpu

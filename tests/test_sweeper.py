@@ -462,23 +462,11 @@ def test_slurm_sweep_world_sizes_failures_and_resume(tmp_path, mlflow_uri):
 
 
 @slurm
-def test_a_cold_slurm_points_job_column_is_what_sacct_says_of_its_array_task(tmp_path, mlflow_uri):
-    """#33 item 12: an array task is asked of sacct as sacct names it (30_0), not by its own job id."""
-    result = sweep(["hidden=16,32", "nproc=1", *FAST, *SLURM, "launcher.warm=false"], tmp_path)  # an array of 2
-    assert result.returncode == 0, result.stdout + result.stderr
-    (parent,) = parents(mlflow_uri)
-    for name, r in children_of(mlflow_uri, parent.info.run_id).items():
-        task = r.data.tags[metrics.TAG_SLURM_ARRAY]
-        row = next(line for line in result.stdout.splitlines() if line.startswith(f"│ {name} "))
-        assert re.search(rf"{task} (COMPLETED|COMPLETING|RUNNING) 00:00:\d\d", row), row  # its state, found
-        assert f"slurm job {task.split('_')[0]}" in result.stdout or f"slurm job {task}" in result.stdout
-
-
-@slurm
 def test_cold_points_slurm_holds_count_as_queued(tmp_path, mlflow_uri):
-    """#33 item 15: while Slurm holds a cold sweep's array tasks (here 5 s, BeginTime), the progress
+    """#33 item 15: while Slurm holds a cold sweep's array tasks (here 12 s, BeginTime), the progress
     line counts them queued, beside Slurm's reason, not running (also before the scheduler has
-    looked at them: their reason is then "None", and CI saw that as running)."""
+    looked at them: their reason is then "None", and CI saw that as running). #33 item 12: the
+    closing table asks sacct of an array task as sacct names it (30_0), not by its own job id."""
     held = ["launcher.warm=false", "+launcher.sbatch_args={begin: 'now+12'}"]
     cmd = sweeper_command(["hidden=16,32", "nproc=1", *FAST, *SLURM, *held])
     proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, text=True)
@@ -499,6 +487,12 @@ def test_cold_points_slurm_holds_count_as_queued(tmp_path, mlflow_uri):
     progress = [line for line in result.stdout.splitlines() if line.startswith("[sweep ")]
     assert any("queued 2" in line and "jobs pending: 2 BeginTime" in line for line in progress), progress
     assert not any("running" in line and "jobs pending: 2" in line for line in progress), progress
+    (parent,) = parents(mlflow_uri)
+    for name, r in children_of(mlflow_uri, parent.info.run_id).items():  # each point's task, found in sacct
+        task = r.data.tags[metrics.TAG_SLURM_ARRAY]
+        row = next(line for line in out.splitlines() if line.startswith(f"│ {name} "))
+        assert re.search(rf"{task} (COMPLETED|COMPLETING|RUNNING) 00:00:\d\d", row), row
+        assert f"slurm job {task.split('_')[0]}" in out or f"slurm job {task}" in out
 
 
 @slurm
@@ -854,12 +848,18 @@ def test_sigterm_before_any_worker_started_ends_the_sweep_in_a_line(tmp_path, ml
 def test_a_sweep_totals_what_its_points_held(tmp_path, mlflow_uri):
     """#35: the parent run holds the sum of its points' core-seconds (GPU-seconds on GPUs), in all,
     training, and per nproc; the closing lines say the total beside the sweep's wall time, and the
-    report's summary says it too."""
-    result = sweep(["hidden=16", "nproc=1,2", *FAST], tmp_path)  # tests/test_retime.py: with
+    report's summary says it too. Its points timed with company (a run of this test timing beside
+    them) and sweep.retime=false: none is timed again (tests/test_retime.py: with it)."""
+    from trainer.ranks.contention import TimedSpan
+
+    with TimedSpan("another sweep's run", exclusive=False, units="1 rank(s) on cpu"):
+        result = sweep(["hidden=16", "nproc=1,2", *FAST, "sweep.retime=false"], tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
+    assert "timing again" not in result.stdout
     (parent,) = parents(mlflow_uri)
     kids = children_of(mlflow_uri, parent.info.run_id)
-    assert {r.info.status for r in kids.values()} == {"FINISHED"}
+    assert sorted(kids) == ["nproc=1", "nproc=2"] and {r.info.status for r in kids.values()} == {"FINISHED"}
+    assert all(r.data.metrics[metrics.BESIDE] >= 1 for r in kids.values())  # they had company: retimed were it on
     held = {name: r.data.metrics[metrics.device_seconds("cpu")] for name, r in kids.items()}
     m = parent.data.metrics
     assert m[metrics.device_seconds("cpu")] == pytest.approx(sum(held.values()))

@@ -59,7 +59,8 @@ COMMON = [
 ]
 
 
-@pytest.mark.parametrize(("nproc", "shuffle"), [(1, False), (2, False), (3, False), (3, True)])
+# 3 ranks split the last batch of one sample unevenly, as 2 would (a rank gets none of it), and more ways.
+@pytest.mark.parametrize(("nproc", "shuffle"), [(1, False), (3, False), (3, True)])
 def test_ranks_match_sequential_reference(nproc, shuffle, idx_dir, mlflow_uri, tmp_path):
     args = [*COMMON, f"nproc={nproc}", f"data.dir={idx_dir}", f"data.shuffle={str(shuffle).lower()}"]
     result = trainer(args, tmp_path, nproc_mpiexec=nproc)
