@@ -400,43 +400,12 @@ def test_references_share_the_cores_by_the_work_they_have_left(tmp_path, monkeyp
             p.wait()
 
 
-def test_the_reports_figures_are_drawn_while_the_last_check_lands(mlflow_uri, tmp_path):
-    """A sweep whose every point has trained while a check still computes draws its report then;
-    once the check lands, its report draws only the weight error again (the others are kept), and
-    carries the error; the run is FINISHED and its check done."""
-    point = ["hidden=16", *FAST, f"check.cache_dir={tmp_path / 'refs'}", "lr=0.5"]
-    runs_of_sweep = lambda: [r for r in runs(mlflow_uri) if "mlflow.parentRunId" in r.data.tags]  # noqa: E731
-    lock = hold_lock(tmp_path / "refs", reference_key(point))
-    cmd = sweeper_command([*point[:-1], "lr=0.05,0.5"], figures=True)  # the held point last
-    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        drawn = wait_for(lambda: next(tmp_path.glob("multirun/*/*/report/convergence.png"), None), proc=proc)
-        assert proc.poll() is None  # the sweep waits for the held check
-        held = next(r for r in runs_of_sweep() if r.data.params["lr"] == "0.5")
-        assert held.info.status == "FINISHED" and held.data.tags[metrics.TAG_CHECK] == "pending"
-        mtime = drawn.stat().st_mtime_ns
-        time.sleep(0.5)
-    finally:
-        lock.close()
-    out, _ = proc.communicate(timeout=120)
-    assert proc.returncode == 0, out
-    assert drawn.stat().st_mtime_ns == mtime  # not drawn again
-    kids = runs_of_sweep()
-    assert len(kids) == 2 and {r.info.status for r in kids} == {"FINISHED"}
-    assert {r.data.tags[metrics.TAG_CHECK] for r in kids} == {"done"}
-    assert all(metrics.weight_error("max") in r.data.metrics for r in kids)
-    folder = drawn.parent
-    rows = {r["point"]: r for r in csv.DictReader((folder / "points.csv").read_text().splitlines())}
-    assert all(r["check"] == "done" and r["weight_error_max"] != "" for r in rows.values()), rows
-    phases = [p["phase"] for p in json.loads((folder.parent / "timeline.json").read_text())["phases"]]
-    assert "report: figures while the checks land" in phases
-
-
 def test_the_weight_errors_figure_is_drawn_once_its_check_lands_and_only_then(mlflow_uri, tmp_path):
-    """The early report draws every other figure once the points have trained; the weight error's
-    waits for the held check (1.5 s, past the one-second grace an earlier version gave it before
-    drawing it without that error), is drawn once the check lands, by the early report's second
-    thread, and not again by the sweep's own report."""
+    """A sweep whose every point has trained while a check still computes draws its report's other
+    figures then (the held point's run FINISHED, its check pending); the weight error's waits for
+    the held check (1.5 s, past the one-second grace an earlier version gave it before drawing it
+    without that error), is drawn once the check lands, by the early report's second thread, and
+    not again by the sweep's own report, which keeps the others and carries every error."""
     # Two ranks: their sum's order is not the sequential reference's, so the errors are not 0 (a figure).
     point = ["hidden=16", "nproc=2", *FAST, f"check.cache_dir={tmp_path / 'refs'}", "lr=0.5"]
     lock = hold_lock(tmp_path / "refs", reference_key(point))
@@ -444,6 +413,10 @@ def test_the_weight_errors_figure_is_drawn_once_its_check_lands_and_only_then(ml
     proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         drawn = wait_for(lambda: next(tmp_path.glob("multirun/*/*/report/convergence.png"), None), proc=proc)
+        assert proc.poll() is None  # the sweep waits for the held check
+        kids = [r for r in runs(mlflow_uri) if "mlflow.parentRunId" in r.data.tags]
+        held = next(r for r in kids if r.data.params["lr"] == "0.5")
+        assert held.info.status == "FINISHED" and held.data.tags[metrics.TAG_CHECK] == "pending"
         time.sleep(1.5)
         assert proc.poll() is None and not (drawn.parent / "weight_error.png").exists()
         mtime = drawn.stat().st_mtime_ns
@@ -453,6 +426,7 @@ def test_the_weight_errors_figure_is_drawn_once_its_check_lands_and_only_then(ml
     assert proc.returncode == 0, out
     (folder,) = tmp_path.glob("multirun/*/*")
     timeline = json.loads((folder / "timeline.json").read_text())
+    assert "report: figures while the checks land" in [p["phase"] for p in timeline["phases"]]
     t0 = timeline["process_start"]
     late = next(p for p in timeline["phases"] if p["phase"] == "report: the weight error once the checks landed")
     landed = (folder / "1" / queue_files.RESULT).stat().st_mtime - t0
@@ -463,3 +437,5 @@ def test_the_weight_errors_figure_is_drawn_once_its_check_lands_and_only_then(ml
     assert len(rows) == 2 and all(r["check"] == "done" and r["weight_error_max"] != "" for r in rows), rows
     kids = [r for r in runs(mlflow_uri) if "mlflow.parentRunId" in r.data.tags]
     assert {r.info.status for r in kids} == {"FINISHED"} and len(kids) == 2
+    assert {r.data.tags[metrics.TAG_CHECK] for r in kids} == {"done"}
+    assert all(metrics.weight_error("max") in r.data.metrics for r in kids)
