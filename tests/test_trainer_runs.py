@@ -149,22 +149,20 @@ def test_run_lands_with_every_metric(idx_dir, mlflow_uri, tmp_path, monkeypatch)
         )
 
 
-def test_time_to_first_batch_is_logged(idx_dir, mlflow_uri, tmp_path):
-    """From the process's start to its first batch: positive, and within the process's wall time."""
+def test_time_to_first_batch_is_logged_in_the_experiment_the_environment_names(
+    idx_dir, mlflow_uri, tmp_path, monkeypatch
+):
+    """From the process's start to its first batch: positive, and within the process's wall time;
+    the run in MLFLOW_EXPERIMENT_NAME's experiment, without a weight error (no reference asked)."""
+    monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "from-env")
     t0 = time.time()
-    result = trainer([*COMMON, f"data.dir={idx_dir}"], tmp_path)  # one rank: the run is created beside training
+    # One rank: the run is created beside training.
+    result = trainer([*COMMON, f"data.dir={idx_dir}", "check.reference=false"], tmp_path)
     wall = time.time() - t0
     assert result.returncode == 0, result.stderr
-    _, run = only_run(mlflow_uri)
+    _, run = only_run(mlflow_uri, "from-env")
     assert 0 < run.data.metrics[metrics.TIME_TO_FIRST_BATCH] < wall
     assert run.info.start_time / 1e3 <= t0 + wall and run.data.params["hidden"] == "16"
-
-
-def test_experiment_from_environment(idx_dir, mlflow_uri, tmp_path, monkeypatch):
-    monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "from-env")
-    result = trainer([*COMMON, f"data.dir={idx_dir}", "check.reference=false"], tmp_path)
-    assert result.returncode == 0, result.stderr
-    _, run = only_run(mlflow_uri, "from-env")
     assert metrics.weight_error("max") not in run.data.metrics
 
 
