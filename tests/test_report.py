@@ -193,8 +193,18 @@ def test_the_printed_mlflow_lines_open_the_sweeps_runs_in_a_real_browser(study_s
 
 
 def test_rebuild_after_a_resumed_sweep_gives_the_same_report(tmp_path, mlflow_uri):
-    first = sweep(["lr=0.1,0.5", "batch_size=50", *TINY], tmp_path)  # the rebuild draws the figures
+    """The first sweep with report.figures=false (what most of the suite's sweeps run with): no
+    drawing, each figure's place says why, the points' table, summary and findings as ever; resumed
+    with a third point, then its report rebuilt (drawing the figures) from the store, twice."""
+    first = sweep(["lr=0.1,0.5", "batch_size=50", *TINY], tmp_path)
     assert first.returncode == 0, first.stdout + first.stderr
+    (folder,) = tmp_path.glob("multirun/*/*/report")
+    assert not list(folder.glob("*.png"))
+    html = (folder / "report.html").read_text()
+    assert "report.figures=false: python -m sweeper.report FOLDER draws it" in html
+    assert "Training loss of every point" in html  # the figure's caption, with its reason
+    assert len((folder / "points.csv").read_text().splitlines()) == 3
+    assert "- Best: lr=" in first.stdout
     resumed = sweep(["lr=0.1,0.5,1.0", "batch_size=50", *TINY], tmp_path)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert resumed.stdout.count("skip lr=") == 2
@@ -275,17 +285,3 @@ def test_a_report_reads_a_long_runs_history_sampled(tmp_path):
     assert max(b - a for a, b in itertools.pairwise(steps)) <= 2 * n / SAMPLED  # spread over the whole run
     assert point.precision == [(100, 0.9)] and point.diverged is None
     print(f"10^6 loss steps read sampled in {took:.2f} s")  # docs/benchmarks.md: the same, timed
-
-
-def test_a_report_without_figures_keeps_its_tables_and_findings(tmp_path, mlflow_uri):
-    """report.figures=false (what most of the suite's sweeps run with): no drawing, each figure's
-    place says why, the points' table, summary and findings as ever."""
-    result = sweep(["lr=0.1,0.5", "batch_size=50", *TINY], tmp_path)
-    assert result.returncode == 0, result.stdout + result.stderr
-    (folder,) = tmp_path.glob("multirun/*/*/report")
-    assert not list(folder.glob("*.png"))
-    html = (folder / "report.html").read_text()
-    assert "report.figures=false: python -m sweeper.report FOLDER draws it" in html
-    assert "Training loss of every point" in html  # the figure's caption, with its reason
-    assert len((folder / "points.csv").read_text().splitlines()) == 3
-    assert "- Best: lr=" in result.stdout
