@@ -31,8 +31,10 @@ EPOCH = re.compile(r" \(epoch \d+/\d+\)")  # a named point's epoch (sweeper/trac
 class Progress:
     """Counts of points by state with elapsed time; a live line on a terminal, else plain lines."""
 
-    def __init__(self, total: int, label: str = "sweep") -> None:
-        self.total, self.label, self.t0, self.last = total, label, time.monotonic(), ""
+    def __init__(self, total: int, label: str = "sweep", t0: float | None = None) -> None:
+        """``t0``: when the points began (time.monotonic), for the elapsed time and the time left; now if None."""
+        self.total, self.label, self.last = total, label, ""
+        self.t0 = time.monotonic() if t0 is None else t0
         self.live = Live(console=console, transient=True) if console.is_terminal else None
 
     def __enter__(self) -> Progress:

@@ -90,3 +90,12 @@ def test_the_progress_line_names_the_points_running_and_the_time_left():
     ), out
     # Off a terminal a point's next epoch prints no line of its own; the epoch rides on the next one.
     assert len(out) == 3 and out[2].endswith("now: hidden=48 (epoch 4/50), hidden=56, hidden=64 +2"), out
+
+
+def test_the_time_left_counts_from_when_the_points_began():
+    """Points started ahead of the store (sweeper/track/ahead.py) may have ended before the watch's
+    first line: timed from the watch, 2 of 6 ended read "about 0 s left"; from their start, 20 s."""
+    began = "import time; from sweeper import display; p = display.Progress(6, t0=time.monotonic() - 10)"
+    script = f"{began}; p.update({{'done': 2, 'running': 2, 'queued': 2}})"
+    out = subprocess.check_output([sys.executable, "-c", script], text=True, timeout=60)
+    assert re.search(r"\[sweep +10\.\d s, about 2\d s left\] queued 2  running 2  done 2  of 6", out), out

@@ -32,6 +32,9 @@ class Flight:
     interrupted: bool = False
     earlier: set[int] = field(default_factory=set)  # points an earlier sweep's job trains: not the runner's
     started: dict[int, Point] = field(default_factory=dict)  # every point started, by index (also those ended)
+    # When its points began: points started ahead of the store (ahead.py) may have ended before the
+    # watch, and a progress line timed from the watch would promise "about 0 s left".
+    t0: float = field(default_factory=time.monotonic)
 
 
 def with_epoch(point: Point) -> str:
@@ -62,7 +65,7 @@ def watch(
     flight.started = {**flight.started, **{i: p for i, (p, _job) in flight.running.items()}}
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
-        with display.Progress(total, label) as progress:
+        with display.Progress(total, label, flight.t0) as progress:
             while True:  # at least one step: with nothing to run, it tells early workers so
                 if more is not None:
                     with interrupts_held():
