@@ -295,14 +295,6 @@ def test_duplicated_grid_point_runs_once(tmp_path, mlflow_uri):
     assert len(runs(mlflow_uri)) == 2  # the parent and one child, nothing duplicated
 
 
-def test_debug_launcher_runs_in_process(tmp_path, mlflow_uri):
-    result = sweep(["hidden=8,16", *FAST, "launcher=debug"], tmp_path)
-    assert result.returncode == 0, result.stderr
-    (parent,) = parents(mlflow_uri)
-    kids = children_of(mlflow_uri, parent.info.run_id)
-    assert {r.info.status for r in kids.values()} == {"FINISHED"} and len(kids) == 2
-
-
 def test_sigterm_then_ctrl_c_cancels_jobs_and_marks_runs_killed(tmp_path, mlflow_uri):
     """SIGTERM, then an impatient Ctrl-C while the sweep cleans up: absorbed, nothing left RUNNING."""
     runs(mlflow_uri)  # create the store first: polling must not race the sweeper's schema set-up
@@ -685,7 +677,8 @@ def test_a_job_that_ends_well_but_records_no_run_is_failed(tmp_path, mlflow_uri)
 
 def test_two_sweeps_given_one_folder_write_two(tmp_path, mlflow_uri):
     """Started in the same second (here: the same hydra.sweep.dir, at once), two sweeps must not
-    overwrite each other's point configs: each trains its own points, in its own folder."""
+    overwrite each other's point configs: each trains its own points, in its own folder (with
+    launcher=debug: its points in the sweeper's own process)."""
     folder = tmp_path / "multirun" / "same"
     runs(mlflow_uri)  # the store first: MLflow's schema migration races between two new processes
     procs = [
@@ -696,7 +689,7 @@ def test_two_sweeps_given_one_folder_write_two(tmp_path, mlflow_uri):
             stderr=subprocess.STDOUT,
             text=True,
         )
-        for h in (8, 16)
+        for h in ("8,12", "16,24")
     ]
     for p in procs:
         out, _ = p.communicate(timeout=240)
@@ -710,8 +703,10 @@ def test_two_sweeps_given_one_folder_write_two(tmp_path, mlflow_uri):
         next(line for line in y.read_text().splitlines() if line.startswith("hidden:")) for y in yamls
     }
     kids = [r for r in runs(mlflow_uri) if "mlflow.parentRunId" in r.data.tags]
-    assert sorted(r.data.params["hidden"] for r in kids) == ["16", "8"]
+    assert sorted(r.data.params["hidden"] for r in kids) == ["12", "16", "24", "8"]
     assert {r.info.status for r in kids} == {"FINISHED"}
+    for parent in parents(mlflow_uri):  # each sweep's two points, one after the other, under its own parent
+        assert parent.info.status == "FINISHED" and len(children_of(mlflow_uri, parent.info.run_id)) == 2
 
 
 @pytest.mark.parametrize(

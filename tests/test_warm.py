@@ -53,27 +53,36 @@ def only_sweep(uri: str) -> dict:
     ids=["cpu-float64", "gpu-float32"],
 )
 def test_warm_and_cold_give_bit_identical_weights(device, tmp_path):
-    # Two points per shape, so that one worker serves several of them one after another.
+    # Two points per shape, so that one worker serves several of them one after another; the points
+    # a worker served after another (hidden=24: its queue's second) again cold, a job each.
     if "device=gpu" in device and _gpus() < 2:
         pytest.skip("nproc=2 on GPUs with NCCL needs 2 GPUs: this machine has fewer")
-    args = ["hidden=16,24", "nproc=1,2", *FAST, *device, "data.shuffle=true", "save.weights=true"]
+    common = ["nproc=1,2", *FAST, *device, "data.shuffle=true", "save.weights=true"]
     kids = {}
-    for mode in ("true", "false"):
+    for mode, hidden in (("true", "hidden=16,24"), ("false", "hidden=24")):
         uri = f"sqlite:///{tmp_path / f'warm-{mode}.db'}"
-        result = sweep([*args, f"launcher.warm={mode}", f"mlflow.tracking_uri={uri}"], tmp_path)
+        result = sweep([hidden, *common, f"launcher.warm={mode}", f"mlflow.tracking_uri={uri}"], tmp_path)
         assert result.returncode == 0, result.stdout + result.stderr
-        kids[mode] = (uri, only_sweep(uri))
+        # By the point's own name in the warm sweep (the cold one's names say only what varies in it: nproc).
+        kids[mode] = (
+            uri,
+            {f"hidden={r.data.params['hidden']},nproc={r.data.params['nproc']}": r for r in only_sweep(uri).values()},
+        )
     (warm_uri, warm), (cold_uri, cold) = kids["true"], kids["false"]
-    assert set(warm) == set(cold) and len(warm) == 4
+    assert len(warm) == 4 and set(cold) == {"hidden=24,nproc=1", "hidden=24,nproc=2"}
     assert {r.data.tags[metrics.TAG_WARM] for r in warm.values()} == {"true"}
     assert {r.data.tags[metrics.TAG_WARM] for r in cold.values()} == {"false"}
     served = Counter(r.data.tags[metrics.TAG_WORKER] for r in warm.values())
     assert max(served.values()) >= 2, served  # some worker trained several points
     if "launcher.cpus=2" in device:  # 2 cores: a worker per shape (1 + 2 ranks), no third to start beside them
         assert sorted(served.values()) == [2, 2], served
+        for name in cold:  # each served by its worker after another point
+            worker = warm[name].data.tags[metrics.TAG_WORKER]
+            before = [r for r in warm.values() if r.data.tags[metrics.TAG_WORKER] == worker and r is not warm[name]]
+            assert before and all(r.info.start_time < warm[name].info.start_time for r in before), name
         started = list(tmp_path.glob("multirun/*/*/.submitit/*/*_submitted.pkl"))
-        assert len(started) == 2 + 4, started  # the warm sweep's two workers, the cold sweep's four jobs
-    for name in warm:
+        assert len(started) == 2 + 2, started  # the warm sweep's two workers, the cold sweep's two jobs
+    for name in cold:
         a, b = final_weights(warm_uri, warm[name].info.run_id), final_weights(cold_uri, cold[name].info.run_id)
         for key in a:
             assert np.array_equal(a[key], b[key]), f"{name} {key} differs warm vs cold"
