@@ -22,10 +22,12 @@ def cli() -> None:
 
     from sweeper.config import FLAGS, register, reject_renamed
     from trainer.errors import ConfigError
+    from trainer.hydra_mode import compose_once
     from trainer.override_checks import check_old_keys, check_repeated
     from trainer.ranks.processes import run_then_exit
 
     register()
+    compose_once()
 
     @hydra.main(config_path="../conf", config_name="sweep", version_base="1.3")
     def main(cfg: DictConfig) -> None:

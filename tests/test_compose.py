@@ -141,12 +141,21 @@ def test_trainer_config_matches_the_old_one_on_defaults_and_presets(loader, monk
 def test_sweeper_checks_batches_with_hydras_errors(loader):
     from types import SimpleNamespace
 
+    from hydra_plugins.sweepscale_launcher.launcher import SweepscaleLauncher
     from hydra_plugins.sweepscale_launcher.sweeper import SweepscaleSweeper
 
     sweeper = SweepscaleSweeper(max_batch_size=None, params=None)
     master, points = grid(loader, ["hidden=8,16"])
     sweeper.hydra_context, sweeper.config = SimpleNamespace(config_loader=loader), master
+    sweeper.launcher = SweepscaleLauncher()
     sweeper.validate_batch_is_legal(points)
+    # The launcher composes the points from the check's templates: Hydra composed the first one only.
+    composer = sweeper.launcher.composer
+    assert composer is not None and composer.fast == 1
+    first = numbered(composer.compose(points[0]), 0)
+    assert composer.fast == 2
+    slow = numbered(loader.load_sweep_config(master, list(points[0])), 0)
+    assert OmegaConf.to_container(first) == OmegaConf.to_container(slow)
     with pytest.raises(ConfigCompositionException) as e:
         sweeper.validate_batch_is_legal([["hidden=8"], ["hidden=abc"]])
     assert "Value 'abc' of type 'str' could not be converted to Integer" in str(e.value.__cause__)

@@ -11,6 +11,7 @@ from omegaconf import DictConfig
 
 from trainer.config import register
 from trainer.errors import ConfigError
+from trainer.hydra_mode import compose_once
 from trainer.lifecycle import launch
 from trainer.override_checks import check_old_keys, note_repeated
 from trainer.ranks import parallel
@@ -19,6 +20,7 @@ from trainer.run import main as run_main
 from trainer.worker_points import load_values
 
 register()
+compose_once()
 
 
 @hydra.main(config_path="../conf", config_name="trainer", version_base="1.3")

@@ -22,6 +22,7 @@ class SweepscaleLauncher(Launcher):
     def __init__(self, **_: Any) -> None:
         self.config: DictConfig | None = None
         self.hydra_context: Any = None
+        self.composer: Any = None  # the sweeper's, where it composed the batch to check it (sweeper.py)
 
     def setup(self, *, hydra_context: Any, task_function: Any, config: DictConfig) -> None:
         self.hydra_context, self.config = hydra_context, config
@@ -36,7 +37,7 @@ class SweepscaleLauncher(Launcher):
         points = []
         names = labels([list(o) for o in job_overrides])
         # Hydra's load_sweep_config for each point, without recomposing what points share (issue #19).
-        composer = PointComposer(self.hydra_context.config_loader, self.config)
+        composer = self.composer or PointComposer(self.hydra_context.config_loader, self.config)
         with self.sweep_folder() as sweep_dir:
             with phase("compose points"):
                 for i, overrides in enumerate(job_overrides):

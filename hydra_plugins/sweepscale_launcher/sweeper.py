@@ -30,6 +30,7 @@ class SweepscaleSweeper(BasicSweeper):
     def validate_batch_is_legal(self, batch: Sequence[Sequence[str]]) -> None:
         """The same early check, the same errors: every point composed, most by the fast path."""
         from hydra_plugins.sweepscale_launcher.compose import PointComposer
+        from hydra_plugins.sweepscale_launcher.launcher import SweepscaleLauncher
         from sweeper.folders import release_folder
 
         composer = PointComposer(self.hydra_context.config_loader, self.config)
@@ -39,6 +40,8 @@ class SweepscaleSweeper(BasicSweeper):
         except BaseException:  # refused (an unknown key, a value of the wrong type): the folder Hydra made goes
             release_folder(Path(str(self.config.hydra.sweep.dir)))
             raise
+        if isinstance(self.launcher, SweepscaleLauncher):  # its points from these templates: no first one again
+            self.launcher.composer = composer
 
 
 def claim_sweep_folder(config: Any) -> Path:
