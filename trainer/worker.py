@@ -33,6 +33,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from trainer.errors import disk_full
 from trainer.gpu import policy
 from trainer.lifecycle import queue_files, requeue
 from trainer.lifecycle.requeue import KILLED_STATUS
@@ -77,23 +78,28 @@ def serve(queue: Path, name: str, world: parallel.World, datasets: Datasets) -> 
     worker = f"{name}@{socket.gethostname()}:{os.getpid()}"
     waiting: list[tuple[Path, float, Any]] = []  # rank 0's trained points whose check is still computing
     served: set[Path] = set()  # the points this process claimed
+    full = ""
     try:
         return _serve(queue, name, world, datasets, worker, waiting, served)
+    except BaseException as e:
+        full = disk_full(e)
+        raise
     finally:  # SIGTERM, Ctrl-C or a bug: the runs ended FINISHED with their training; their checks are abandoned
         for point_dir, claimed_at, pending in waiting:
             pending.abandon()
             queue_files.write_result(point_dir, 0, worker, time.time() - claimed_at)
         reference_jobs.shutdown()
-        _send_handed_off(queue, served)
+        # A full disk: its sweeper, writing there too, would fail to send them (30 s waited for nothing).
+        _send_handed_off(queue, served, wait=not full)
 
 
-def _send_handed_off(queue: Path, served: set[Path]) -> None:
+def _send_handed_off(queue: Path, served: set[Path], wait: bool = True) -> None:
     """The runs this worker handed off, sent: by its sweeper, which polls them, or, that sweeper
     gone or silent for journal.HANDOFF_WAIT_S (journal.STOPPED_WAIT_S once it stopped this worker),
     by this worker (importing MLflow only then). A run whose point started before its sweep's
     parent run existed waits for the parent while the sweeper lives (its MLflow import, seconds; at
     most journal.PARENT_WAIT_S more), unless the sweeper stopped this worker (SIGTERM: the sweep
-    failed or was interrupted, no parent comes)."""
+    failed or was interrupted, no parent comes). Without ``wait``, this worker sends them at once."""
     begun = time.monotonic()
 
     def left() -> list[Path]:  # a tracking server's journals (a run id known) are not this wait's
@@ -106,7 +112,7 @@ def _send_handed_off(queue: Path, served: set[Path]) -> None:
         parentless = any(journal.Journal(d).awaits_parent() for d in runs)
         return waited < journal.HANDOFF_WAIT_S + (journal.PARENT_WAIT_S if parentless else 0)
 
-    if left():  # (wait_for ends early where the sweeper, on this host, is gone)
+    if wait and left():  # (wait_for ends early where the sweeper, on this host, is gone)
         queue_files.wait_for(queue, lambda: not waiting())
     for point_dir in left():
         for path, what in journal.send_left(point_dir):

@@ -224,6 +224,9 @@ class LocalRunner(WithoutScheduler):
             self.free_cpus -= cpus
         self.executor.update_parameters(timeout_min=self.launcher.timeout_min * n_points)
         job = self.executor.submit(fn, *args, env)
+        # Its controller writes the result before it exits: missing then, it never comes (submitit
+        # waits 15 s for a shared file system's lag; a killed job's or a full disk's news came that late).
+        job._results_timeout_s = 0
         self.held[job.job_id] = (ids, cpus)
         return job
 
