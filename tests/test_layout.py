@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # trainer/'s floors, lowest first (trainer/__init__.py says what each holds). A module imports its
 # own floor and the floors below; the contracts are the ground floor, the doors the top.
-CONTRACTS = {"config", "options", "data", "idx", "limits", "override_checks", "metrics", "errors"}
+CONTRACTS = {"config", "options", "data", "idx", "limits", "override_checks", "hydra_mode", "metrics", "errors"}
 WINGS = ["core", "gpu", "ranks", "record", "lifecycle"]
 DOORS = {"run", "worker", "worker_points", "warm_up", "step", "__main__"}
 # sweeper/'s floors, lowest first (each wing's __init__.py says what it holds and imports): the leaves

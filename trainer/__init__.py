@@ -4,7 +4,8 @@ At the top, the doors and the contracts. Doors: ``run`` (one run: ``python -m tr
 ``__main__``), ``worker`` (a warm worker serving a queue of points: ``python -m trainer.worker``,
 its GPU warmed by ``warm_up``, its points' configs, data sets and references in
 ``worker_points``) and ``step`` (which step a run trains with). Contracts, which every wing may
-import: ``config`` (the typed config, its checks in ``limits`` and ``override_checks``),
+import: ``config`` (the typed config, its checks in ``limits`` and ``override_checks``, Hydra's
+run mode read from the command line in ``hydra_mode``),
 ``options`` (how the step runs), ``data`` (the data set, its file format in ``idx``), ``metrics``
 (the names a run records) and ``errors``.
 
