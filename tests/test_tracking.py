@@ -242,7 +242,7 @@ print(pandas.__name__, len(c.get_metric_history(run.info.run_id, "loss")))
 
 def test_a_recording_process_loads_mlflow_without_pandas_which_stays_importable(tmp_path):
     """MLflow's client as mlflow-skinny has it (store.load_mlflow): its pandas datasets, which no run
-    logs, were 0.5-0.7 CPU-s of every recording process; a run still records, pandas still imports."""
+    logs, were 0.6-0.8 CPU-s of every recording process; a run still records, pandas still imports."""
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     done = subprocess.run([sys.executable, "-c", SKINNY, uri], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr

@@ -89,8 +89,8 @@ def open_ahead(uri: str | None = None, then: Callable[[], None] | None = None) -
 
 def load_mlflow() -> None:
     """Import MLflow's tracking client as mlflow-skinny has it, without pandas: MLflow imports pandas
-    only to offer its pandas datasets, which no run of ours logs (0.5-0.7 of the 3.7 CPU-s a recording
-    process spent in MLflow). pandas stays importable after."""
+    only to offer its pandas datasets, which no run of ours logs: its client and SQLAlchemy store
+    import in 3.2-3.4 CPU-s instead of 3.9-4.2 (docs/benchmarks.md). pandas stays importable after."""
     if "mlflow.tracking" in sys.modules:
         return
     blocked = "pandas" not in sys.modules
