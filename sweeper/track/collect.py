@@ -26,10 +26,12 @@ def collect(
     done_before: dict[str, str],
     flight: Flight,
     earlier: dict[str, str] | None = None,
+    sweep_dir: Path | None = None,
 ) -> list[display.Outcome]:
     """One outcome per point, in the sweep's order; ``done_before`` maps skipped points' hashes
     to their FINISHED runs, ``earlier`` watched points' names to their runs (an earlier sweep's
-    children). A run a job left RUNNING is ended here, KILLED or FAILED."""
+    children). A run a job left RUNNING is ended here, KILLED or FAILED, saying how to send what
+    its journal still holds (in ``sweep_dir``)."""
     children = record.children(sweep_id)
     children.update({name: record.client.get_run(run_id) for name, run_id in (earlier or {}).items()})
     outcomes = []
@@ -57,6 +59,8 @@ def collect(
             why = "\n".join(part for part in (job_end.one_line(error), job_end.cause(log)) if part)
             if status == "RUNNING":  # the job ended before its trainer could end the run: say how
                 status = "KILLED" if job_end.cancelled(error) else "FAILED"
+                if sweep_dir is not None and (p.dir / journal.FILE).exists():  # not sent (a full disk)
+                    why += f"\nwhat its journal holds is not all recorded: python -m sweeper.sync {sweep_dir} sends it"
                 record.client.set_tag(run.info.run_id, metrics.TAG_ERROR, why[-5000:])
                 record.client.set_terminated(run.info.run_id, status)
                 run = record.client.get_run(run.info.run_id)
@@ -120,7 +124,7 @@ def close_runs(
         if flight.interrupted:
             record.kill_running(sweep_id)  # runs whose trainer could not say so
         watched = {p.name: j.run_id for p, j in earlier.values()}
-        outcomes = collect(record, sweep_id, points, done_before, flight, watched)
+        outcomes = collect(record, sweep_id, points, done_before, flight, watched, sweep_dir)
     except Exception as e:
         if not store.server_away(e):
             raise
