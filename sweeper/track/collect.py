@@ -25,8 +25,8 @@ def collect(
     points: list[Point],
     done_before: dict[str, str],
     flight: Flight,
+    sweep_dir: Path,
     earlier: dict[str, str] | None = None,
-    sweep_dir: Path | None = None,
 ) -> list[display.Outcome]:
     """One outcome per point, in the sweep's order; ``done_before`` maps skipped points' hashes
     to their FINISHED runs, ``earlier`` watched points' names to their runs (an earlier sweep's
@@ -59,7 +59,7 @@ def collect(
             why = "\n".join(part for part in (job_end.one_line(error), job_end.cause(log)) if part)
             if status == "RUNNING":  # the job ended before its trainer could end the run: say how
                 status = "KILLED" if job_end.cancelled(error) else "FAILED"
-                if sweep_dir is not None and (p.dir / journal.FILE).exists():  # not sent (a full disk)
+                if (p.dir / journal.FILE).exists():  # not all sent (a full disk)
                     why += f"\nwhat its journal holds is not all recorded: python -m sweeper.sync {sweep_dir} sends it"
                 record.client.set_tag(run.info.run_id, metrics.TAG_ERROR, why[-5000:])
                 record.client.set_terminated(run.info.run_id, status)
@@ -124,7 +124,7 @@ def close_runs(
         if flight.interrupted:
             record.kill_running(sweep_id)  # runs whose trainer could not say so
         watched = {p.name: j.run_id for p, j in earlier.values()}
-        outcomes = collect(record, sweep_id, points, done_before, flight, watched, sweep_dir)
+        outcomes = collect(record, sweep_id, points, done_before, flight, sweep_dir, watched)
     except Exception as e:
         if not store.server_away(e):
             raise
