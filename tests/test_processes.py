@@ -106,8 +106,14 @@ ONE_NEVER_COMES = textwrap.dedent(
             time.sleep(120)
         elif sys.argv[1] == "share":
             parallel.share(world.comm, None)
-        else:
+        elif sys.argv[1] == "agree":
             parallel.agree(world.comm, 1, "min")
+        elif sys.argv[1] == "gradient sum":
+            import numpy as np
+            parallel.HostAllreduce(world, np, 1000, np.float64)(np.ones(1000))
+        else:
+            from trainer.lifecycle import requeue
+            requeue.warned(world.comm)
     except sigterm.Terminated:
         print(f"rank {world.rank} terminated", flush=True)
     """
@@ -122,10 +128,12 @@ def _parent(pid: int) -> int | None:
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("how", ["share", "agree"])
+@pytest.mark.parametrize("how", ["share", "agree", "gradient sum", "epoch end"])
 def test_a_rank_waiting_for_a_peer_that_sigterm_ended_ends_on_its_own_sigterm(tmp_path, how):
     """A warm worker's ranks between points: a blocking bcast or allreduce held rank 1 for good (a
-    Python handler never runs inside MPI), so the worker outlived its sweep; asleep, both ranks end."""
+    Python handler never runs inside MPI), so the worker outlived its sweep; asleep, both ranks end.
+    So too in a step's gradient sum and at an epoch's end: a scancel's run was once recorded FAILED,
+    not KILLED, because rank 0 waited there for a rank 1 that its SIGTERM had already ended."""
     from trainer.ranks import parallel
 
     script = tmp_path / "never.py"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -133,6 +134,48 @@ def test_a_rank_killed_mid_point_fails_that_point_only(restarts, tmp_path, mlflo
         assert set(kids) == {"hidden=16,fault.iteration=null", "hidden=16,fault.iteration=1"}
         assert "gave up after 0 worker restart(s)" in result.stdout
         assert result.stdout.count("FAILED") >= 3
+
+
+def _ranks_of(folder: Path) -> list[int]:
+    """The pids of the MPI ranks whose environment names ``folder`` (this test's store)."""
+    found = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            environ = (proc / "environ").read_bytes()
+        except OSError:  # ended, or not ours to read
+            continue
+        if b"PMI_RANK=" in environ and str(folder).encode() in environ:
+            found.append(int(proc.name))
+    return found
+
+
+def test_a_stop_that_reaches_every_rank_of_a_point_ends_its_run_killed(tmp_path, mlflow_uri):
+    """A scancel, a Ctrl-C or a sweeper's clean-up signals every rank. Rank 1, asleep at an epoch's
+    end, once ended the world as soon as its SIGTERM came, killing rank 0 halfway through recording
+    the run KILLED: the sweep then closed it FAILED (4 times in 4 before the fix). Rank 1 now gives
+    rank 0 its time (trainer/run.py RANK_0_RECORDS_S)."""
+    args = ["hidden=16", "nproc=2", "epochs=100000", "data.n_train=200", "device=cpu", "check.reference=false"]
+    proc = subprocess.Popen(
+        sweeper_command(args), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    try:
+        deadline = time.monotonic() + 90
+        while len(_ranks_of(tmp_path)) < 2 and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.2)
+        time.sleep(3)  # past the first epochs: both ranks train
+        pids = _ranks_of(tmp_path)
+        assert len(pids) == 2, pids
+        for pid in pids:
+            os.kill(pid, signal.SIGTERM)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 1, out
+    (kid,) = only_sweep(mlflow_uri).values()
+    assert kid.info.status == "KILLED", (kid.data.tags.get(metrics.TAG_ERROR), out[-3000:])
+    assert "terminated by SIGTERM" in kid.data.tags[metrics.TAG_ERROR]
+    (parent,) = parents(mlflow_uri)  # the sweep itself ran to its end: a point of it failed
+    assert parent.info.status == "FAILED" and len(runs(mlflow_uri)) == 2, out[-3000:]
 
 
 def sacct_steps(job_id: str) -> list[str]:

@@ -153,8 +153,22 @@ def train_and_defer(
         traced = not isinstance(e, (DivergedError, ConfigError))  # said in a line of their own: no traceback
         status = _record_failure(e, uri, run_id, recorder, world.rank, traced, journal_dir)
         if world.size > 1:
+            if world.rank > 0 and status == KILLED_STATUS:
+                _let_rank_0_record()
             world.abort(1)  # the other ranks may wait in a collective: end them all now
         return status
+
+
+# A stop reaches every rank (scancel, Ctrl-C, a sweeper's clean-up), and rank 0 records the run
+# KILLED, then ends the world. Another rank ending it first killed rank 0 halfway through that
+# record. The wait is bounded: a signal that reached one rank alone (a drill, a `kill` of one pid).
+RANK_0_RECORDS_S = 5.0
+
+
+def _let_rank_0_record() -> None:
+    """Wait for rank 0 to record the stop and end the world (this rank with it), at most RANK_0_RECORDS_S."""
+    with contextlib.suppress(KeyboardInterrupt):  # a second Ctrl-C: end the world now
+        time.sleep(RANK_0_RECORDS_S)
 
 
 def rank_devices(hosts: list[str], devices: list[str]) -> str:

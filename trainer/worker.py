@@ -135,7 +135,7 @@ def _serve(
         if _settle(waiting, worker, block=False) == KILLED_STATUS:
             return KILLED_STATUS
         # warned: the job's restart serves the rest
-        if requeue.warned(world.comm, between_points=True) and requeue.requeues_left() > 0:
+        if requeue.warned(world.comm) and requeue.requeues_left() > 0:
             return _settle(waiting, worker, block=True) or requeue.REQUEUE_STATUS
         if stream and not _next_ticket(queue, name, world, waiting, worker):  # a search's: not holding the lease
             return _settle(waiting, worker, block=True)

@@ -19,7 +19,7 @@ from trainer.core.loop import EpochResult, Snapshot, check_finite
 from trainer.lifecycle import progress, requeue
 from trainer.lifecycle.progress import StopRequested
 from trainer.lifecycle.requeue import TimeLimitReached
-from trainer.ranks import sigterm
+from trainer.ranks import parallel, sigterm
 from trainer.record import checkpoint, console, tracking
 from trainer.record.run_record import record_epoch
 
@@ -63,7 +63,7 @@ class EpochEnd:
             raise TimeLimitReached(e.epoch, self.cfg.epochs)
         if e.epoch < self.cfg.epochs and self.cfg.save.progress_dir:
             asked = progress.stop_asked(self.cfg.save.progress_dir) if self.recorder is not None else None
-            why = asked if self.comm.Get_size() == 1 else self.comm.bcast(asked)  # rank 0's view, every rank
+            why = parallel.share(self.comm, asked)  # rank 0's view, every rank (asleep: see requeue.warned)
             if why is not None:
                 raise StopRequested(e.epoch, self.cfg.epochs, why)
         sigterm.check()  # a SIGTERM whose exception a library swallowed: the epoch is recorded, then KILLED

@@ -51,17 +51,14 @@ def _warn(_signum: int, _frame: Any) -> None:
     _warned = True
 
 
-def warned(comm: Any, between_points: bool = False) -> bool:
-    """Whether any rank was warned (collective: every rank calls it at the same point). A warm
-    worker's ranks between points wait asleep, where a SIGTERM still ends them (parallel.agree); at
-    an epoch's end the ranks arrive together, and a run that a SIGTERM ends aborts its world."""
-    if between_points:
-        from trainer.ranks import parallel
+def warned(comm: Any) -> bool:
+    """Whether any rank was warned (collective: every rank calls it at the same point). Asleep while
+    it waits (parallel.agree): a rank that a SIGTERM ends before it comes here leaves its peers
+    waiting, and they must still run their own SIGTERM's handler (a warm worker's ranks between
+    points; at an epoch's end, rank 1 ending while rank 0 still recorded the epoch)."""
+    from trainer.ranks import parallel
 
-        return bool(parallel.agree(comm, int(_warned), "max"))
-    from mpi4py import MPI
-
-    return bool(comm.allreduce(int(_warned), op=MPI.MAX))
+    return bool(parallel.agree(comm, int(_warned), "max"))
 
 
 def requeues_left() -> int:

@@ -3,8 +3,8 @@
 The handler raises :class:`Terminated` once and remembers it: a library may turn the exception into
 its own error on the way up (SQLAlchemy wraps what interrupts a query), or swallow it (a bare
 ``except:``), and the run must still end KILLED (:func:`check`, between epochs), and a warm
-worker serve no further point. Inside :func:`deferred` (a write to the store)
-it is raised when the block ends, not halfway through it.
+worker serve no further point. Inside :func:`deferred` (a write to the store, a gradient sum that
+every rank has come to) it is raised when the block ends, not halfway through it.
 """
 
 from __future__ import annotations
@@ -46,7 +46,8 @@ def check() -> None:
 @contextlib.contextmanager
 def deferred() -> Iterator[None]:
     """SIGTERM waits for the end of the block. A SQLite write interrupted halfway left the store's
-    lock held by a worker that then never ended: the other workers waited for it (#33 item 10).
+    lock held by a worker that then never ended: the other workers waited for it (#33 item 10); a
+    rank leaving a gradient sum that its peers had entered would leave them waiting in MPI.
     Only the main thread's blocks count: the handler runs there, and must raise there."""
     global _deferring, _pending
     if threading.current_thread() is not threading.main_thread():
