@@ -1,5 +1,7 @@
 # Sourced by slurm_up.sh (CI's Slurm) and slurm_gpu_node.sh (a lent GPU machine's): the lines of
 # slurm.conf both write, no systemd and no cgroups to track processes (proctrack/linuxproc).
+# The scheduler's passes every 2 s, not Slurm's 60 (main) and 30 (backfill): a job held until a
+# time (BeginTime, a requeue's wait) starts within seconds of it; on a node of a few jobs, cheap.
 #   slurm_conf_common NODE CTLD_ADDR BASE ACCOUNTING_LINES
 slurm_conf_common() {
   cat <<EOF2
@@ -17,7 +19,7 @@ $4
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 SchedulerType=sched/backfill
-SchedulerParameters=batch_sched_delay=0,sched_min_interval=0
+SchedulerParameters=batch_sched_delay=0,sched_min_interval=0,sched_interval=2,bf_interval=2
 ReturnToService=2
 SlurmctldPort=6817
 SlurmdPort=6818
