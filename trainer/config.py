@@ -12,7 +12,6 @@ import functools
 from dataclasses import dataclass, field
 from enum import Enum
 
-from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
 
 from trainer import limits
@@ -235,6 +234,8 @@ class TrainerConfig:
 
 
 def register() -> None:
+    from hydra.core.config_store import ConfigStore  # here: a warm worker reads configs, registers none
+
     ConfigStore.instance().store(name="trainer_schema", node=TrainerConfig)
     # For presets that tie keys together, e.g. batch_size: ${mul:3200,${nproc}} (B/nproc constant).
     OmegaConf.register_new_resolver("mul", lambda a, b: int(a) * int(b), replace=True)
