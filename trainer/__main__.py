@@ -6,12 +6,7 @@ import os
 import sys
 from pathlib import Path
 
-import hydra
-from omegaconf import DictConfig
-
-from trainer.config import register
 from trainer.errors import ConfigError
-from trainer.hydra_mode import compose_once
 from trainer.lifecycle import launch
 from trainer.override_checks import check_old_keys, note_repeated
 from trainer.ranks import parallel
@@ -19,15 +14,26 @@ from trainer.ranks.processes import run_then_exit
 from trainer.run import main as run_main
 from trainer.worker_points import load_values
 
-register()
-compose_once()
 
+def hydra_main() -> None:
+    """The run as Hydra composes it from the command line. Hydra is imported here: the ranks that
+    ``python -m trainer nproc=N`` starts load the config it composed, and need none of it."""
+    import hydra
+    from omegaconf import DictConfig
 
-@hydra.main(config_path="../conf", config_name="trainer", version_base="1.3")
-def main(cfg: DictConfig) -> None:
-    status = run_main(cfg, sys.argv[1:])  # the ranks get the same argv (ps shows it) and load cfg as composed
-    if status:
-        sys.exit(status)
+    from trainer.config import register
+    from trainer.hydra_mode import compose_once
+
+    register()
+    compose_once()
+
+    @hydra.main(config_path="../conf", config_name="trainer", version_base="1.3")
+    def main(cfg: DictConfig) -> None:
+        status = run_main(cfg, sys.argv[1:])  # the ranks get the same argv (ps shows it) and load cfg as composed
+        if status:
+            sys.exit(status)
+
+    main()
 
 
 if __name__ == "__main__":
@@ -43,6 +49,6 @@ if __name__ == "__main__":
         sys.exit(2)
     # A rank ends the usual way: ended at once, its world was now and then killed by MPICH's mpiexec.
     if parallel.launched_by_mpi():  # started by hand: mpiexec -n 2 python -m trainer nproc=2 ...
-        main()
+        hydra_main()
     else:
-        run_then_exit(main)  # without Python's teardown: a second of the command's time
+        run_then_exit(hydra_main)  # without Python's teardown: a second of the command's time
