@@ -274,9 +274,13 @@ def test_a_report_reads_a_long_runs_history_sampled(tmp_path):
     run = client.create_run(_exp, run_name="long", tags={**tags, metrics.TAG_PARENT: parent}).info.run_id
     client.log_metric(run, metrics.TEST_PRECISION, 0.9, step=100)
     n = 1_000_000
-    with sqlite3.connect(tmp_path / "mlflow.db") as db:
-        rows = ((metrics.TRAIN_LOSS, 2.3 / (1 + s), 1_700_000_000_000 + s, run, s, 0) for s in range(n))
-        db.executemany("INSERT INTO metrics (key, value, timestamp, run_uuid, step, is_nan) VALUES (?,?,?,?,?,?)", rows)
+    with sqlite3.connect(tmp_path / "mlflow.db") as db:  # rows made by SQLite: 3.7 CPU-s, not 10 from Python
+        db.execute(
+            "INSERT INTO metrics (key, value, timestamp, run_uuid, step, is_nan) "
+            "WITH RECURSIVE s(x) AS (SELECT 0 UNION ALL SELECT x + 1 FROM s WHERE x < ?) "
+            "SELECT ?, 2.3 / (1 + x), 1700000000000 + x, ?, x, 0 FROM s",
+            (n - 1, metrics.TRAIN_LOSS, run),
+        )
     t0 = time.perf_counter()
     point = load_point(client, client.get_run(run), "long")
     took = time.perf_counter() - t0
