@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         from sweeper.report.__main__ import find_parents, open_experiment
 
-        client, experiment_id = open_experiment(args)
+        client, experiment_id = open_experiment(args, [args.sweep])
         (parent,) = find_parents(client, experiment_id, [args.sweep])
         rows = status_rows(client, parent)
         title = f"sweep {parent.data.tags.get(metrics.TAG_SWEEP_ID)}: {parent.info.run_name} ({parent.info.status})"

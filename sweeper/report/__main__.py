@@ -28,10 +28,8 @@ def find_parents(client: Any, experiment_id: str, ids: list[str]) -> list[Any]:
     for wanted in ids:
         if wanted == "latest":
             match = sweeps[:1]
-        elif "/" in wanted or Path(wanted).is_dir():  # a sweep's folder (multirun/DATE/TIME)
+        elif _names_a_folder(wanted):  # a sweep's folder (multirun/DATE/TIME), there (open_experiment)
             folder = Path(wanted).resolve()
-            if not folder.is_dir():
-                raise SystemExit(f"Error: {wanted}: no such folder; name a sweep id, latest, or a sweep's folder")
             match = [r for r in sweeps if r.data.tags.get(metrics.TAG_SWEEP_DIR) == str(folder)]
             if not match:
                 raise SystemExit(f"Error: {wanted} is not the folder of a sweep in this store (none ran there)")
@@ -57,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from sweeper.report import report_for
 
-    client, experiment_id = open_experiment(args)
+    client, experiment_id = open_experiment(args, args.sweeps)
     parents = find_parents(client, experiment_id, args.sweeps)
     folder = args.out or default_folder(parents)
     if (folder / "report.html").exists():  # said before the seconds of building, not after
@@ -77,14 +75,23 @@ def store_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--experiment", help="MLflow experiment (default: MLFLOW_EXPERIMENT_NAME or sweepscale)")
 
 
-def open_experiment(args: argparse.Namespace) -> tuple[Any, str]:
-    """The store's client and the experiment's id; without the experiment, an error and exit status 2."""
+def _names_a_folder(wanted: str) -> bool:
+    return "/" in wanted or Path(wanted).is_dir()
+
+
+def open_experiment(args: argparse.Namespace, ids: list[str]) -> tuple[Any, str]:
+    """The store's client and the experiment's id; without the experiment, an error and exit status 2.
+    A folder among the sweeps ``ids`` that does not exist is said first: opening the store costs
+    MLflow's import, 3 CPU-s."""
 
     uri = store.absolute_uri(store.tracking_uri(args.tracking_uri))
     db = store.sqlite_file(uri)
     if db is not None and not db.is_file():  # opening it would create an empty store
         print(f"Error: no MLflow store at {db}; run a sweep here first, or pass --tracking-uri", file=sys.stderr)
         raise SystemExit(2)
+    for wanted in ids:
+        if wanted != "latest" and _names_a_folder(wanted) and not Path(wanted).is_dir():
+            raise SystemExit(f"Error: {wanted}: no such folder; name a sweep id, latest, or a sweep's folder")
     client = store.client(uri)
     name = store.experiment_name(args.experiment)
     experiment = client.get_experiment_by_name(name)
