@@ -56,6 +56,7 @@ def worker(args: argparse.Namespace) -> None:
     from trainer.gpu.graphs import compute_stream
     from trainer.gpu.policy import sums_beside_gemm, window_wanted
     from trainer.ranks import parallel
+    from trainer.ranks.allreduce import make_allreduce
 
     world = parallel.join_world(args.nproc)
     cp.cuda.Device(world.local_rank % cp.cuda.runtime.getDeviceCount()).use()
@@ -66,7 +67,7 @@ def worker(args: argparse.Namespace) -> None:
     gpus = cp.cuda.runtime.getDeviceCount()
     beside_gemm = args.overlap and sums_beside_gemm(args.gemm)  # as trainer/options.py sets NCCL up
     window = window_wanted(args.window, beside_gemm)
-    allreduce = parallel.make_allreduce(args.comm, world, True, gpus, cp, n, cp.float32, beside_gemm, window)
+    allreduce = make_allreduce(args.comm, world, True, gpus, cp, n, cp.float32, beside_gemm, window)
     if args.first_part:
         FusedStep.FIRST_PART = args.first_part
     with compute_stream():  # CUDA graphs capture no work on the legacy default stream

@@ -40,6 +40,7 @@ def worker(args: argparse.Namespace) -> None:
     from trainer.gpu.policy import sums_beside_gemm, window_wanted
     from trainer.options import StepOptions
     from trainer.ranks import parallel
+    from trainer.ranks.allreduce import make_allreduce
 
     world = parallel.join_world(args.nproc)
     cp.cuda.Device(world.local_rank % cp.cuda.runtime.getDeviceCount()).use()
@@ -70,7 +71,7 @@ def worker(args: argparse.Namespace) -> None:
     beside_gemm = overlap and sums_beside_gemm(args.gemm[0])
     window = window_wanted(args.window, beside_gemm)
     gpus = cp.cuda.runtime.getDeviceCount()
-    ar = parallel.make_allreduce("nccl", world, True, gpus, cp, layout.size + 1, cp.float32, beside_gemm, window)
+    ar = make_allreduce("nccl", world, True, gpus, cp, layout.size + 1, cp.float32, beside_gemm, window)
     sum_on = ar.sum_on
 
     def traced_sum(buf: Any, stream: int) -> None:

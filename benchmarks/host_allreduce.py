@@ -1,5 +1,5 @@
 """The step's gradient sum through host memory: MPI's blocking Allreduce alone, HostAllreduce
-(trainer/ranks/parallel.py: a barrier awake to SIGTERM, then the blocking Allreduce), and MPI's
+(trainer/ranks/allreduce.py: a barrier awake to SIGTERM, then the blocking Allreduce), and MPI's
 nonblocking Iallreduce tested until done (docs/benchmarks.md, "The gradient sum").
 
     mpiexec -n 2 python benchmarks/host_allreduce.py
@@ -21,7 +21,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from mpi4py import MPI
 
-from trainer.ranks import parallel
+from trainer.ranks import allreduce, parallel
 
 REPEATS = 5
 
@@ -50,7 +50,7 @@ def main() -> None:
         sums = max(20, int(2e8 // (n * 8 * world.size)))  # about the same bytes per buffer
         for dtype in (np.float32, np.float64):
             buf = np.ones(n, dtype)
-            awake = parallel.HostAllreduce(world, np, n, dtype)
+            awake = allreduce.HostAllreduce(world, np, n, dtype)
 
             def blocking(b: np.ndarray) -> None:
                 comm.Allreduce(MPI.IN_PLACE, b)

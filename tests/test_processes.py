@@ -110,7 +110,8 @@ ONE_NEVER_COMES = textwrap.dedent(
             parallel.agree(world.comm, 1, "min")
         elif sys.argv[1] == "gradient sum":
             import numpy as np
-            parallel.HostAllreduce(world, np, 1000, np.float64)(np.ones(1000))
+            from trainer.ranks.allreduce import HostAllreduce
+            HostAllreduce(world, np, 1000, np.float64)(np.ones(1000))
         else:
             from trainer.lifecycle import requeue
             requeue.warned(world.comm)

@@ -34,6 +34,7 @@ from trainer.lifecycle.requeue import KILLED_STATUS, TimeLimitReached
 from trainer.lifecycle.timing_pass import measure_run
 from trainer.options import StepOptions
 from trainer.ranks import parallel, sigterm
+from trainer.ranks.allreduce import make_allreduce
 from trainer.ranks.backend import Backend, gpu_count, no_gpu, pinned, select
 from trainer.ranks.contention import CoreWait, for_run, worst_wait
 from trainer.ranks.sigterm import Terminated
@@ -220,7 +221,7 @@ class RankSetup:
     train: tuple[Any, Any]  # (x, y) where the step reads them (placed)
     test: tuple[Any, Any]
     options: StepOptions  # without graphs where the sums cannot be captured
-    allreduce: Any  # trainer/ranks/parallel.py make_allreduce
+    allreduce: Any  # trainer/ranks/allreduce.py make_allreduce
     overlap: bool  # the sums overlapped with the compute (NCCL alone can)
 
     def step(self, weights: Any, world_size: int) -> Any:
@@ -241,7 +242,7 @@ def set_up(
     xp = backend.xp
     layout, init = first_weights(cfg, ds.n_features)
     params = xp.array(init if ckpt is None else ckpt.params)  # a copy: init is kept for the reference and the artifact
-    allreduce = parallel.make_allreduce(
+    allreduce = make_allreduce(
         options.comm, world, backend.kind == "gpu", backend.n_devices, xp, layout.size + 1, params.dtype,
         beside_gemm=options.beside_gemm, window=options.nccl_window,
     )  # fmt: skip

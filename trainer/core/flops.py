@@ -37,7 +37,7 @@ def gradient_bytes(D: int, H: int, C: int, itemsize: int) -> int:
 
 # What crosses the slow links per rank and batch (course 001 Q2.2, 002 Q2.3): "pci" between host
 # and GPU, "mpi" between the ranks. ``comm`` says how the gradient is summed (the all-reduce class
-# that ran, trainer/ranks/parallel.py): "nccl" (NcclAllreduce: device buffers, nothing over PCIe), "mpi"
+# that ran, trainer/ranks/allreduce.py): "nccl" (NcclAllreduce: device buffers, nothing over PCIe), "mpi"
 # (HostAllreduce on the GPU: staged through pinned host buffers, one copy down and one up) or
 # "host" (HostAllreduce on the CPU: the gradient is in host memory already). One rank sums nothing.
 COMMS = ("nccl", "mpi", "host")

@@ -13,7 +13,7 @@ from trainer.core import model
 
 
 class AllReduce(Protocol):
-    """What a step asks of an all-reduce (trainer/ranks/parallel.py HostAllreduce, trainer/gpu/nccl.py
+    """What a step asks of an all-reduce (trainer/ranks/allreduce.py HostAllreduce, trainer/gpu/nccl.py
     NcclAllreduce): its own gradient buffer, the sum in place, and what it can and did do."""
 
     via: str  # how the sums go: host, mpi (staged through host memory) or nccl (trainer/core/flops.py COMMS)

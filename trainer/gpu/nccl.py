@@ -5,7 +5,7 @@ CuPy's binding (cupy.cuda.nccl) has no calls for NCCL's memory windows (NCCL 2.2
 NCCL_WIN_COLL_SYMMETRIC)`` lets NCCL run its symmetric kernels, which read and write the peers'
 buffers directly over NVLink. So the trainer talks to the library CuPy loaded (the same
 libnccl) itself, with these few calls. NcclAllreduce is the all-reduce that
-trainer/ranks/parallel.py's make_allreduce gives the step on GPUs with NCCL.
+trainer/ranks/allreduce.py's make_allreduce gives the step on GPUs with NCCL.
 """
 
 from __future__ import annotations

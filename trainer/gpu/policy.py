@@ -28,7 +28,7 @@ OVERLAP_PAYS = frozenset({("sgemm", 2048)})  # (GEMM mode, hidden)
 def sums_beside_gemm(gemm: str) -> bool:
     """With overlap, whether NCCL's sums run beside a long GEMM: with SGEMM (and DGEMM), the
     first part's beside the second part's dW1. With tensor cores dW1 is one GEMM and both sums
-    follow it, mostly exposed: NCCL then needs all its blocks (parallel.make_allreduce)."""
+    follow it, mostly exposed: NCCL then needs all its blocks (trainer/ranks/allreduce.py make_allreduce)."""
     return gemm not in TENSOR_CORE_GEMMS
 
 

@@ -19,6 +19,8 @@ import signal
 import subprocess
 from typing import Any
 
+from trainer.ranks import parallel
+
 # A run's exit statuses beyond 0 and 1 (FAILED), which the warm worker and the job's wrapper read:
 REQUEUE_STATUS = 75  # EX_TEMPFAIL: stopped at a checkpoint, to be started again
 KILLED_STATUS = 143  # 128 + SIGTERM: the run ended KILLED; a warm worker stops serving points
@@ -56,8 +58,6 @@ def warned(comm: Any) -> bool:
     it waits (parallel.agree): a rank that a SIGTERM ends before it comes here leaves its peers
     waiting, and they must still run their own SIGTERM's handler (a warm worker's ranks between
     points; at an epoch's end, rank 1 ending while rank 0 still recorded the epoch)."""
-    from trainer.ranks import parallel
-
     return bool(parallel.agree(comm, int(_warned), "max"))
 
 
