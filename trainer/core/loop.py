@@ -17,6 +17,10 @@ from trainer.core.clock import PhaseClock
 
 # Phases timed in every batch, in order; "batch" is their sum.
 STEP_PHASES = ("h2d", "forward", "backward", "allreduce", "update")
+# An epoch's end waits for the GPU awake: spinning first (an epoch's queued work is milliseconds),
+# then asleep between queries.
+DEVICE_SPIN_S = 0.1
+DEVICE_POLL_S = 0.002
 
 
 @dataclass(frozen=True)
@@ -195,10 +199,25 @@ def fit(
             if on_step is not None:
                 on_step(iteration)
         step.finish()  # the weights and the losses are complete past this point
-        host_losses = losses.get() if xp is not np else losses.copy()  # waits for the epoch's work
+        wait_for_device(xp)
+        host_losses = losses.get() if xp is not np else losses.copy()
         seconds = time.perf_counter() - t0
         if clock:
             clock.flush()
         if on_epoch:
             on_epoch(EpochResult(epoch, iteration - n_batches, host_losses, sizes, seconds))
     return params
+
+
+def wait_for_device(xp: Any) -> None:
+    """Wait until the work queued on the current stream is done, polling: a rank inside CUDA's
+    blocking wait runs no Python signal handler, and a peer that a stop ended first leaves NCCL's
+    sum, and so that wait, unfinished for good (the run must still end KILLED: trainer/ranks/sigterm.py)."""
+    if xp is np:
+        return
+    done = xp.cuda.Event(disable_timing=True)
+    done.record()
+    spin_until = time.perf_counter() + DEVICE_SPIN_S
+    while not done.done:
+        if time.perf_counter() > spin_until:
+            time.sleep(DEVICE_POLL_S)
